@@ -1,0 +1,1 @@
+"""Elastic, preemption-aware distributed training on Ray, configured with Hydra."""

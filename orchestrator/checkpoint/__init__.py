@@ -1,0 +1,1 @@
+"""Checkpoints in a storage URI, one folder per step, committed by a manifest written last."""

@@ -1,0 +1,43 @@
+"""`python -m orchestrator`: check the input, then hand over to Hydra and the launcher.
+
+Hydra reports a bad override as a multi-line error with exit code 1. Users get one line and
+exit code 2 instead: the overrides are composed and checked here first (every trial of a
+--multirun sweep included), before anything starts.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from orchestrator.config.preflight import check_command_line
+from orchestrator.config.schema import register_configs
+from orchestrator.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+STARTED_AT = time.time()
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def hydra_app(cfg: DictConfig) -> None:
+    from orchestrator.launch import launch
+
+    code = launch(cfg, Path(HydraConfig.get().runtime.output_dir), STARTED_AT)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    try:
+        check_command_line(sys.argv[1:], CONF_DIR)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+    hydra_app()

@@ -1,0 +1,1 @@
+"""Typed configuration: dataclass schemas in Hydra's ConfigStore, checked before Ray starts."""

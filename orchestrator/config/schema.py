@@ -1,0 +1,159 @@
+"""Dataclass schemas for every config group; Hydra type-checks overrides against them.
+
+Checks that span fields live in ``__post_init__`` so that ``OmegaConf.to_object`` (which
+builds these dataclasses from the composed config) rejects bad input with one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from orchestrator.errors import ConfigError
+
+RESUME_MODES = ("auto", "never")
+
+
+def require(condition: bool, key: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    workers: int = 2  # the target size, and the maximum when elastic
+    min_workers: int | None = None  # null = fixed size
+    cpus_per_worker: float | None = None  # null = share the cluster's CPUs among the workers
+    gpus_per_worker: float = 0.0
+    address: str | None = None  # null = start an embedded Ray; "auto" or host:port = join one
+    num_cpus: int | None = None  # CPUs of the embedded Ray (null = all of this machine's)
+    dashboard: bool = True
+    dashboard_port: int = 8265
+    resize_check_s: float = 60.0  # how often an elastic job looks for room to grow
+
+    def __post_init__(self) -> None:
+        require(self.workers >= 1, "cluster.workers", self.workers, "an integer >= 1")
+        if self.min_workers is not None:
+            require(
+                1 <= self.min_workers <= self.workers,
+                "cluster.min_workers",
+                self.min_workers,
+                f"null or an integer in 1..cluster.workers ({self.workers})",
+            )
+        if self.cpus_per_worker is not None:
+            require(self.cpus_per_worker > 0, "cluster.cpus_per_worker", self.cpus_per_worker,
+                    "null (automatic) or a number > 0")
+        require(self.gpus_per_worker >= 0, "cluster.gpus_per_worker", self.gpus_per_worker,
+                "a number >= 0")
+        if self.num_cpus is not None:
+            require(self.num_cpus >= 1, "cluster.num_cpus", self.num_cpus, "null or an integer >= 1")
+        require(self.resize_check_s > 0, "cluster.resize_check_s", self.resize_check_s,
+                "a number of seconds > 0")
+        if self.address is not None:
+            require(self.address.strip() != "", "cluster.address", self.address,
+                    "null (embedded Ray), 'auto' or host:port")
+
+
+@dataclass
+class StorageConfig:
+    name: str = "local"
+    uri: str = "checkpoints"  # a directory, or any URI pyarrow understands (s3://bucket/prefix)
+    endpoint: str | None = None  # S3-compatible endpoint, e.g. http://127.0.0.1:8333
+    region: str = "us-east-1"
+
+    def __post_init__(self) -> None:
+        require(self.uri.strip() != "", "storage.uri", self.uri, "a directory or a URI")
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"  # digits | synthetic | parquet
+    path: str | None = None  # parquet: a file or directory, local or s3://
+    label: str = "label"  # parquet: the label column
+    features: int = 20  # synthetic: number of features
+    classes: int = 2  # synthetic: number of classes
+    rows: int = 10_000  # synthetic: number of rows
+    test_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        allowed = ("digits", "synthetic", "parquet")
+        require(self.name in allowed, "data", self.name, "one of " + ", ".join(allowed))
+        require(0 < self.test_fraction < 1, "data.test_fraction", self.test_fraction,
+                "a number strictly between 0 and 1")
+        if self.name == "synthetic":
+            require(self.rows >= 10, "data.rows", self.rows, "an integer >= 10")
+            require(self.features >= 1, "data.features", self.features, "an integer >= 1")
+            require(self.classes >= 2, "data.classes", self.classes, "an integer >= 2")
+        if self.name == "parquet":
+            require(bool(self.path), "data.path", self.path,
+                    "a parquet file or directory (local path or s3:// URI)")
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int | None = 50
+    every_seconds: float | None = None
+    keep: int = 3  # newest committed checkpoints kept (0 = all)
+    async_upload: bool = True
+
+    def __post_init__(self) -> None:
+        if self.every_steps is not None:
+            require(self.every_steps >= 1, "checkpoint.every_steps", self.every_steps,
+                    "null or an integer >= 1")
+        if self.every_seconds is not None:
+            require(self.every_seconds > 0, "checkpoint.every_seconds", self.every_seconds,
+                    "null or a number > 0")
+        require(self.keep >= 0, "checkpoint.keep", self.keep, "an integer >= 0 (0 keeps all)")
+
+
+@dataclass
+class FailureConfig:
+    max_restarts: int = 3
+    max_preemptions: int = -1  # -1 = no limit: a preemption is not the job's fault
+
+    def __post_init__(self) -> None:
+        require(self.max_restarts >= 0, "failure.max_restarts", self.max_restarts,
+                "an integer >= 0")
+        require(self.max_preemptions >= -1, "failure.max_preemptions", self.max_preemptions,
+                "-1 (no limit) or an integer >= 0")
+
+
+@dataclass
+class RunSection:
+    name: str | None = None  # null = derived from trainer, data and seed, so a rerun resumes
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            ok = self.name.strip() != "" and "/" not in self.name and self.name not in (".", "..")
+            require(ok, "run.name", self.name, "null or a non-empty name without '/'")
+
+
+@dataclass
+class Config:
+    trainer: Any = MISSING  # one of the trainer schemas (trainers/*/config.py)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    failure: FailureConfig = field(default_factory=FailureConfig)
+    run: RunSection = field(default_factory=RunSection)
+    seed: int = 0
+    resume: str = "auto"  # auto | never | a checkpoint URI
+
+    def __post_init__(self) -> None:
+        require(self.resume.strip() != "", "resume", self.resume,
+                "'auto', 'never' or a checkpoint URI")
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    # The groups cluster/storage/data/... are typed through the fields of Config; only the
+    # trainer group, whose schema depends on the choice, registers one schema per trainer.
+    cs.store(name="config_schema", node=Config)
+    import trainers  # the trainers own their schemas; none of them imports a framework here
+
+    trainers.register_schemas(cs)

@@ -1,0 +1,118 @@
+"""Driver side of a run: plan, start Ray, run the trainer's workers, write the record."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+from pathlib import Path
+
+import ray
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+from orchestrator.config.typed import to_typed
+from orchestrator.errors import ConfigError
+from orchestrator.ray_session import RaySession
+from orchestrator.record import RunRecord, redact
+from orchestrator.recorder import start_recorder
+from orchestrator.run_plan import make_plan
+from orchestrator.scaling import scaling_kwargs
+from orchestrator.trainer_api import Trainer
+from orchestrator.worker import WorkerSpec, train_loop_per_worker
+
+log = logging.getLogger("orchestrator")
+
+
+def input_error(exc: ConfigError) -> int:
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    return exc.exit_code
+
+
+def trainer_class(target: str) -> type[Trainer]:
+    try:
+        cls = get_class(target)
+    except Exception as exc:
+        raise ConfigError(f"trainer._target_={target!r}: cannot import it ({exc})") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Trainer)):
+        raise ConfigError(f"trainer._target_={target!r} is not allowed: a subclass of "
+                          "orchestrator.trainer_api.Trainer")
+    return cls
+
+
+def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
+    """Run one job; return its exit code (0 ok, 1 training failed, 2 bad input)."""
+    try:
+        cfg = to_typed(cfg_node)
+        trainer_cfg = OmegaConf.to_container(cfg_node.trainer, resolve=True)
+        data_cfg = OmegaConf.to_container(cfg_node.data, resolve=True)
+        trainer_cls = trainer_class(trainer_cfg["_target_"])
+        trainer_cls.check_config(trainer_cfg)
+        plan = make_plan(cfg, trainer_cfg, data_cfg)
+    except ConfigError as exc:
+        return input_error(exc)
+
+    config = redact(OmegaConf.to_container(cfg_node, resolve=True))
+    record = RunRecord(plan.run_name, trainer_cfg.get("name", trainer_cls.__name__), config,
+                       plan.run_storage.uri, started_at=started_at)
+    record_path = output_dir / "run.json"
+    try:
+        with RaySession(cfg.cluster) as session:
+            if session.dashboard_url:
+                log.info("Ray dashboard: %s (token in ~/.ray/auth_token)", session.dashboard_url)
+            where = f"resuming at step {plan.resume_step}" if plan.resume_step else "from scratch"
+            log.info("run %s: %s, checkpoints in %s", plan.run_name, where, plan.run_storage.uri)
+            log.info("run record: %s", record_path)
+            recorder = start_recorder(str(record_path), record)
+            spec = WorkerSpec(trainer_cfg, cfg.data, cfg.checkpoint, plan.run_storage,
+                              plan.resume_source, cfg.seed, recorder)
+            scaling = ScalingConfig(**scaling_kwargs(cfg.cluster, session.total_cpus()))
+            run_config = RunConfig(
+                name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
+                storage_path=str(output_dir / "ray_train"),
+                failure_config=FailureConfig(max_failures=cfg.failure.max_restarts),
+            )
+            ray_trainer = trainer_cls.ray_trainer_class()(
+                train_loop_per_worker,
+                train_loop_config={"spec": spec},
+                scaling_config=scaling,
+                run_config=run_config,
+                **trainer_cls.ray_trainer_kwargs(trainer_cfg),
+            )
+            code, status, error = run_to_end(ray_trainer)
+            final = ray.get(recorder.finish.remote(status, error))
+    except ConfigError as exc:
+        return input_error(exc)
+    summarize(final, record_path)
+    return code
+
+
+def run_to_end(ray_trainer) -> tuple[int, str, str | None]:
+    from ray.train import TrainingFailedError
+
+    try:
+        ray_trainer.fit()
+    except TrainingFailedError as exc:
+        message = describe_failure(exc)
+        print(f"error: training failed: {message}", file=sys.stderr, flush=True)
+        return 1, "failed", message
+    except KeyboardInterrupt:
+        log.warning("interrupted; the newest committed checkpoint is kept for a resume")
+        return 130, "failed", "interrupted (SIGINT)"
+    return 0, "succeeded", None
+
+
+def describe_failure(exc: Exception) -> str:
+    failures = getattr(exc, "worker_failures", None)
+    if failures:
+        rank, err = sorted(failures.items())[0]
+        return f"worker rank {rank}: {type(err).__name__}: {str(err).strip().splitlines()[-1]}"
+    return str(exc).strip().splitlines()[-1]
+
+
+def summarize(final: dict, record_path: Path) -> None:
+    metrics = " ".join(f"{k}={v:.4f}" for k, v in final.get("metrics", {}).items())
+    log.info("%s in %.1fs at step %s: %s", final["status"], final.get("wall_s") or 0.0,
+             final.get("steps"), metrics or "no metrics")
+    log.info("run record: %s", record_path)

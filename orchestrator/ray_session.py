@@ -1,0 +1,88 @@
+"""Start an embedded Ray, or join a running cluster after checking that it answers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+import ray
+
+from orchestrator.config.schema import ClusterConfig
+from orchestrator.errors import ConfigError
+
+log = logging.getLogger("orchestrator")
+
+CURRENT_CLUSTER_FILE = Path("/tmp/ray/ray_current_cluster")  # written by `ray start --head`
+PROBE_TIMEOUT_S = 5.0
+
+
+def resolve_address(address: str) -> str:
+    """'auto' -> RAY_ADDRESS or the cluster `ray start` recorded on this machine."""
+    if address != "auto":
+        return address
+    env = os.environ.get("RAY_ADDRESS")
+    if env and env != "auto":
+        return env
+    if CURRENT_CLUSTER_FILE.exists():
+        recorded = CURRENT_CLUSTER_FILE.read_text().strip()
+        if recorded:
+            return recorded
+    raise ConfigError(
+        "cluster.address='auto' found no running Ray cluster on this machine: "
+        "start one with `ray start --head`, set RAY_ADDRESS, or give host:port"
+    )
+
+
+def probe(address: str) -> None:
+    """Fail fast (seconds, not minutes) when nothing listens at host:port."""
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"cluster.address={address!r} is not allowed: 'auto' or host:port")
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            f"cluster.address={address!r}: nothing answers at {host}:{port} ({reason}); "
+            "is the Ray head running (`ray start --head`)?"
+        ) from exc
+
+
+class RaySession:
+    """Context manager around ray.init / ray.shutdown."""
+
+    def __init__(self, cluster: ClusterConfig):
+        self.cluster = cluster
+        self.dashboard_url: str | None = None
+        self.joined = cluster.address is not None
+
+    def __enter__(self) -> RaySession:
+        c = self.cluster
+        quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
+        if self.joined:
+            address = resolve_address(c.address)
+            probe(address)
+            context = ray.init(address=address, **quiet)
+        else:
+            context = ray.init(
+                num_cpus=c.num_cpus or os.cpu_count(),
+                include_dashboard=c.dashboard,
+                dashboard_host="127.0.0.1",  # never beyond this machine by default
+                dashboard_port=c.dashboard_port,
+                **quiet,
+            )
+        url = getattr(context, "dashboard_url", None)
+        if url:
+            self.dashboard_url = url if "://" in url else f"http://{url}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        ray.shutdown()
+
+    @staticmethod
+    def total_cpus() -> float:
+        return float(ray.cluster_resources().get("CPU", 1.0))

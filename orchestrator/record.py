@@ -1,0 +1,98 @@
+"""The run record (run.json): a plain object fed by events, serialised as SPEC.md says."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|access_key|private_key)", re.I)
+REDACTED = "***"
+
+
+def redact(value: Any) -> Any:
+    """A copy of a config container with every secret-looking key's value hidden."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if SECRET_KEY.search(str(k)) and v is not None else redact(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+@dataclass
+class RunRecord:
+    run_name: str
+    trainer: str
+    config: dict
+    checkpoint_uri: str
+    status: str = "running"
+    resumed_from_step: int | None = None
+    world_sizes: list[dict] = field(default_factory=list)
+    restarts: int = 0
+    preemptions: int = 0
+    checkpoints: list[dict] = field(default_factory=list)
+    steps: int = 0
+    lost_steps: int = 0
+    samples: int = 0
+    metrics: dict = field(default_factory=dict)
+    train_metrics: dict = field(default_factory=dict)
+    time_to_first_step_s: float | None = None
+    wall_s: float | None = None
+    samples_per_s: float | None = None
+    error: str | None = None
+    started_at: float = field(default_factory=time.time)
+    _first_group_at: float | None = None
+    _last_step_at: float | None = None
+
+    # -- events ------------------------------------------------------------------------
+    def group_started(self, world_size: int, step: int, at: float) -> None:
+        if self.world_sizes:
+            # Every start after the first restarts from a checkpoint; the steps done past
+            # that checkpoint are computed twice.
+            self.lost_steps += max(0, self.steps - step)
+            if world_size == self.world_sizes[-1]["size"]:
+                self.restarts += 1
+        else:
+            self.resumed_from_step = step if step > 0 else None
+            self._first_group_at = at
+        self.world_sizes.append({"size": world_size, "step": step, "at_s": round(at - self.started_at, 3)})
+        self.steps = step
+
+    def progress(self, step: int, samples: int, metrics: dict, at: float) -> None:
+        if self.time_to_first_step_s is None:
+            self.time_to_first_step_s = round(at - self.started_at, 3)
+        self.steps = step
+        self.samples += samples
+        self.train_metrics = dict(metrics)
+        self._last_step_at = at
+
+    def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float) -> None:
+        self.checkpoints.append({"step": step, "uri": uri, "bytes": nbytes,
+                                 "save_s": round(save_s, 4), "upload_s": round(upload_s, 4)})
+
+    def worker_finished(self, step: int, metrics: dict, at: float) -> None:
+        self.steps = step
+        self.metrics = dict(metrics)
+
+    def finish(self, status: str, error: str | None, at: float) -> None:
+        self.status = status
+        self.error = error
+        self.wall_s = round(at - self.started_at, 3)
+        if self._first_group_at is not None and self._last_step_at and self.samples:
+            busy = max(self._last_step_at - self._first_group_at, 1e-9)
+            self.samples_per_s = round(self.samples / busy, 1)
+
+    # -- output ------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+    def write(self, path: str) -> None:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)  # readers never see a half-written record

@@ -1,0 +1,60 @@
+"""Everything decided on the driver before Ray starts: the run's name, where its checkpoints
+go, what it resumes from. Every check that can fail on input fails here, with exit 2."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+from orchestrator.checkpoint.store import CheckpointStore, open_source
+from orchestrator.config.schema import Config
+from orchestrator.data.datasets import check_parquet
+from orchestrator.errors import ConfigError
+from orchestrator.storage import StorageSpec, absolute
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    run_name: str
+    run_storage: StorageSpec  # this run's checkpoint folder
+    resume_source: StorageSpec | None  # resume=<uri>
+    resume_step: int | None  # the step the run will start from, if not 0
+
+
+def derive_run_name(trainer: dict, data: dict, seed: int) -> str:
+    """The same trainer, data and seed give the same name, so rerunning a command resumes it.
+    The cluster is left out on purpose: a run may resume at another world size."""
+    key = json.dumps({"trainer": trainer, "data": data, "seed": seed}, sort_keys=True, default=str)
+    return f"{trainer.get('name', 'run')}-{data.get('name', 'data')}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def make_plan(cfg: Config, trainer: dict, data: dict) -> RunPlan:
+    storage = StorageSpec(absolute(cfg.storage.uri), cfg.storage.endpoint, cfg.storage.region)
+    name = cfg.run.name or derive_run_name(trainer, data, cfg.seed)
+    if cfg.run.name is None and cfg.resume == "never":
+        name += time.strftime("-%Y%m%d-%H%M%S")  # a fresh start gets a fresh folder
+    run_storage = storage.child(name)
+    latest = CheckpointStore(run_storage).latest()
+
+    if cfg.resume == "never" and latest is not None:
+        raise ConfigError(
+            f"resume='never' but run.name={name!r} already has committed checkpoints "
+            f"(newest: step {latest.step} in {run_storage.uri}); starting over would overwrite "
+            "them: choose another run.name, or resume=auto"
+        )
+    source, step = None, (latest.step if latest else None)
+    if cfg.resume not in ("auto", "never"):
+        source = StorageSpec(absolute(cfg.resume), cfg.storage.endpoint, cfg.storage.region)
+        found = open_source(source)
+        if found is None:
+            raise ConfigError(
+                f"resume={cfg.resume!r}: no committed checkpoint there (expected a step_* "
+                "folder with a manifest.json, or a run folder holding some)"
+            )
+        step = step if latest else found[1].step
+
+    if cfg.data.name == "parquet":
+        check_parquet(cfg.data, storage)
+    return RunPlan(name, run_storage, source, step)

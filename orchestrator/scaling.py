@@ -1,0 +1,37 @@
+"""How many workers, with what resources: pure decisions from the config and cluster size."""
+
+from __future__ import annotations
+
+import math
+
+from orchestrator.config.schema import ClusterConfig
+
+MIN_CPU_SHARE = 0.01
+
+
+def cpus_per_worker(cluster: ClusterConfig, cluster_cpus: float) -> float:
+    """The configured share, or the cluster's CPUs split among the target number of workers.
+
+    Capped at one CPU: a data-parallel worker on CPU gains little from more, and sixteen
+    workers on two cores must each get a fraction to be scheduled at all.
+    """
+    if cluster.cpus_per_worker is not None:
+        return cluster.cpus_per_worker
+    share = math.floor(cluster_cpus / cluster.workers * 100) / 100
+    return max(MIN_CPU_SHARE, min(1.0, share))
+
+
+def scaling_kwargs(cluster: ClusterConfig, cluster_cpus: float) -> dict:
+    """Keyword arguments for ray.train.ScalingConfig."""
+    resources = {"CPU": cpus_per_worker(cluster, cluster_cpus)}
+    if cluster.gpus_per_worker:
+        resources["GPU"] = cluster.gpus_per_worker
+    elastic = cluster.min_workers is not None and cluster.min_workers < cluster.workers
+    kwargs = {
+        "num_workers": (cluster.min_workers, cluster.workers) if elastic else cluster.workers,
+        "use_gpu": cluster.gpus_per_worker > 0,
+        "resources_per_worker": resources,
+    }
+    if elastic:
+        kwargs["elastic_resize_monitor_interval_s"] = cluster.resize_check_s
+    return kwargs

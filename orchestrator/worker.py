@@ -1,0 +1,136 @@
+"""What runs in every Ray Train worker: restore, train, checkpoint, report. No framework.
+
+WorkerSpec is the frozen description every worker receives; WorkerSession is the live
+per-worker state the trainer talks to.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import ray.train
+from hydra.utils import get_class
+
+from orchestrator.checkpoint.policy import CheckpointPolicy
+from orchestrator.checkpoint.store import CheckpointStore, open_source
+from orchestrator.config.schema import CheckpointConfig, DataConfig
+from orchestrator.data.datasets import load_dataset
+from orchestrator.data.order import DataOrder
+from orchestrator.storage import StorageSpec
+
+log = logging.getLogger("orchestrator.worker")
+
+PROGRESS_EVERY_S = 0.25  # how often rank 0 tells the run recorder how far it got
+LOG_EVERY_S = 5.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    trainer: dict[str, Any]  # the trainer config, _target_ included
+    data: DataConfig
+    checkpoint: CheckpointConfig
+    run_storage: StorageSpec  # this run's checkpoint folder
+    resume_source: StorageSpec | None  # resume=<uri>, used while the run has no checkpoint
+    seed: int
+    recorder: Any  # the RunRecorder actor handle
+
+
+class WorkerSession:
+    def __init__(self, spec: WorkerSpec, rank: int, world_size: int):
+        self.spec = spec
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = spec.seed
+        self.store = CheckpointStore(spec.run_storage)
+        self.policy = CheckpointPolicy(spec.checkpoint.every_steps, spec.checkpoint.every_seconds)
+        self.trainer = None
+        self.total_steps = 0
+        self.step = 0
+        self._last_progress = 0.0
+        self._unsent_samples = 0
+        self._last_log = time.monotonic()
+        self._protect: set[int] = set()  # the checkpoint this attempt resumed from
+
+    @property
+    def saves(self) -> bool:
+        return self.rank == 0 or bool(self.trainer and self.trainer.saves_on_all_ranks)
+
+    def data_order(self, num_rows: int, global_batch: int) -> DataOrder:
+        return DataOrder(self.seed, num_rows, global_batch)
+
+    # -- restore -----------------------------------------------------------------------
+    def restore(self, trainer) -> int:
+        """Load the newest intact checkpoint of this run (else resume=<uri>); return its step."""
+        found = self.store.load_newest_intact()
+        if found is None and self.spec.resume_source is not None:
+            source = open_source(self.spec.resume_source)
+            if source is not None:
+                store, ref = source
+                files, meta = store.load(ref)
+                found = (ref, files, meta)
+        if found is None:
+            return 0
+        ref, files, _meta = found
+        trainer.load(files)
+        self._protect = {ref.step}
+        if self.rank == 0:
+            log.info("resumed from %s (step %d)", ref.uri, ref.step)
+        return ref.step
+
+    # -- the loop's callback -------------------------------------------------------------
+    def step_done(self, step: int, metrics: dict[str, float], samples: int) -> None:
+        """Called by the trainer after each finished step (1-based count of steps done)."""
+        self.step = step
+        now = time.monotonic()
+        final = step >= self.total_steps
+        if self.policy.should_save(step, now) or final:
+            self.checkpoint(step)
+        if self.rank == 0:
+            self._unsent_samples += samples
+            first = self._last_progress == 0.0
+            if first or final or now - self._last_progress >= PROGRESS_EVERY_S:
+                self.spec.recorder.progress.remote(step, self._unsent_samples, metrics, time.time())
+                self._unsent_samples = 0
+                self._last_progress = now
+            if now - self._last_log >= LOG_EVERY_S:
+                shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+                print(f"step {step}/{self.total_steps} {shown}", flush=True)
+                self._last_log = now
+
+    def checkpoint(self, step: int) -> None:
+        if not self.saves:
+            return
+        files = self.trainer.save()
+        if self.rank != 0:
+            return  # multi-writer trainers (MWMS) write through rank 0's copy
+        meta = {"step": step, "world_size": self.world_size, "seed": self.seed}
+        saved = self.store.save(step, files, meta)
+        self.policy.saved(step, time.monotonic())
+        self.spec.recorder.checkpoint.remote(step, saved.ref.uri, saved.bytes, saved.save_s, 0.0)
+        self.store.prune(self.spec.checkpoint.keep, protect=self._protect)
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """The function Ray Train runs on every worker."""
+    spec: WorkerSpec = config["spec"]
+    ctx = ray.train.get_context()
+    session = WorkerSession(spec, ctx.get_world_rank(), ctx.get_world_size())
+    trainer = get_class(spec.trainer["_target_"])(spec.trainer, session)
+    session.trainer = trainer
+    dataset = load_dataset(spec.data, spec.seed, spec.run_storage)
+    session.total_steps = trainer.setup(dataset)
+    start = session.restore(trainer)
+    session.step = start
+    if session.rank == 0:
+        spec.recorder.group_started.remote(session.world_size, start, time.time())
+    if start < session.total_steps:
+        trainer.train(start)
+    elif session.rank == 0:
+        print(f"run already complete at step {start}; evaluating", flush=True)
+    metrics = trainer.evaluate()
+    if session.rank == 0:
+        ray.get(spec.recorder.worker_finished.remote(session.step, metrics, time.time()))

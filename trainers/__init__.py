@@ -1,0 +1,13 @@
+"""Trainers: one per framework, each behind orchestrator.trainer_api.Trainer.
+
+This package's top level imports no framework: the driver reads the schemas below without
+paying for torch, tensorflow, xgboost or lightgbm.
+"""
+
+from hydra.core.config_store import ConfigStore
+
+
+def register_schemas(cs: ConfigStore) -> None:
+    from trainers.ddp.config import DDPConfig
+
+    cs.store(group="trainer", name="ddp_schema", node=DDPConfig)
