@@ -52,6 +52,15 @@ def probe(address: str) -> None:
         ) from exc
 
 
+def use_token_auth_if_available() -> None:
+    """A head started by `ray start` turns token auth on when a token exists, but in Ray 2.60
+    a driver joining it does not (it retries for ~20 s, then fails): do what the head did.
+    Ray's helper also refreshes its cached config, which setting RAY_AUTH_MODE alone does not."""
+    from ray._private.authentication import authentication_token_setup as auth
+
+    auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
 class RaySession:
     """Context manager around ray.init / ray.shutdown."""
 
@@ -66,9 +75,11 @@ class RaySession:
         if self.joined:
             address = resolve_address(c.address)
             probe(address)
+            use_token_auth_if_available()
             context = ray.init(address=address, **quiet)
         else:
             context = ray.init(
+                address="local",  # a new instance, even if a stale `ray start` left its address
                 num_cpus=c.num_cpus or os.cpu_count(),
                 include_dashboard=c.dashboard,
                 dashboard_host="127.0.0.1",  # never beyond this machine by default

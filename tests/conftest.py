@@ -1,0 +1,105 @@
+"""Shared fixtures: the command line as a subprocess, and one real Ray head per test module."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    run_dir: Path
+
+    @property
+    def record(self) -> dict:
+        return json.loads((self.run_dir / "run.json").read_text())
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def cli_command(run_dir: Path, *overrides: str, flags: tuple[str, ...] = ()) -> list[str]:
+    # Hydra's argparse wants its flags before the overrides.
+    return [sys.executable, "-m", "orchestrator", *flags, f"hydra.run.dir={run_dir}", *overrides]
+
+
+def cli_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def run_cli(run_dir: Path, *overrides: str, env: dict | None = None, timeout: float = 600,
+            flags: tuple[str, ...] = ()) -> CliResult:
+    proc = subprocess.run(cli_command(run_dir, *overrides, flags=flags), cwd=REPO, env=cli_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
+
+
+@dataclass
+class RayHead:
+    address: str
+    dashboard: str
+    process: subprocess.Popen
+
+
+def start_head(tmp: Path, num_cpus: int = 2) -> RayHead:
+    port, dash = free_port(), free_port()
+    log = open(tmp / "ray-head.log", "w")
+    proc = subprocess.Popen(
+        [RAY, "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
+         "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={dash}", "--disable-usage-stats"],
+        stdout=log, stderr=subprocess.STDOUT, env=cli_env(), start_new_session=True,
+    )
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited: {(tmp / 'ray-head.log').read_text()[-2000:]}")
+        if "block forever" in (tmp / "ray-head.log").read_text():
+            return RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", proc)
+        time.sleep(0.5)
+    stop_head(proc)
+    raise RuntimeError("ray start --head did not come up in 90 s")
+
+
+def stop_head(proc: subprocess.Popen) -> None:
+    """SIGTERM makes `ray start --block` stop every process it started; ours only."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    head = start_head(tmp_path_factory.mktemp("ray-head"))
+    yield head
+    stop_head(head.process)

@@ -1,0 +1,134 @@
+"""Config composition and input checks: every option composes; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from orchestrator.cli import CONF_DIR
+from orchestrator.config.preflight import check_command_line, expand_sweep, split_command_line
+from orchestrator.config.typed import to_typed
+from orchestrator.errors import ConfigError
+from tests.conftest import run_cli
+
+GROUP_OPTIONS = {
+    group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    for group in ("trainer", "cluster", "storage", "data")
+}
+
+
+@pytest.mark.parametrize(
+    "override",
+    [f"{g}={o}" for g, opts in GROUP_OPTIONS.items() for o in opts],
+)
+def test_every_option_composes_and_types(override):
+    extra = ["data.path=/some/file.parquet"] if override == "data=parquet" else []
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = to_typed(compose("config", overrides=[override, *extra]))
+    group, option = override.split("=")
+    assert getattr(cfg, group).name == option
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["trainer=foo"], "trainer="),
+        (["cluster.workers=0"], "cluster.workers=0"),
+        (["cluster.workers=-2"], "cluster.workers=-2"),
+        (["cluster.workers=2", "cluster.min_workers=3"], "cluster.min_workers=3"),
+        (["cluster.workers=abc"], "cluster.workers='abc'"),
+        (["trainer.lr=fast"], "trainer.lr='fast'"),
+        (["foo.bar=1"], "foo"),
+        (["+foo=1"], "foo"),
+        (["+cluster.spare=1"], "cluster.spare"),
+        (["data=parquet"], "data.path"),
+        (["checkpoint.every_steps=0"], "checkpoint.every_steps=0"),
+        (["trainer.optimizer=lbfgs"], "trainer.optimizer='lbfgs'"),
+        (["run.name=a/b"], "run.name='a/b'"),
+    ],
+)
+def test_bad_overrides_name_the_key(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        check_command_line(overrides, CONF_DIR)
+    message = str(err.value)
+    assert key in message and "\n" not in message
+
+
+def test_every_trial_of_a_sweep_is_checked():
+    assert check_command_line(["-m", "cluster.workers=1,2", "seed=0,1"], CONF_DIR) == 4
+    with pytest.raises(ConfigError, match="cluster.workers=0"):
+        check_command_line(["--multirun", "cluster.workers=2,0"], CONF_DIR)
+
+
+def test_hydra_flags_are_not_taken_for_overrides():
+    assert split_command_line(["--cfg", "job", "seed=3", "hydra.run.dir=x"]) == (["seed=3"], False)
+    assert split_command_line(["--help"]) is None
+    assert expand_sweep(["a=1,2", "b=3"], multirun=True) == [["a=1", "b=3"], ["a=2", "b=3"]]
+
+
+def test_user_model_keys_are_free_form():
+    check_command_line(["+trainer.model.dropout=0.1", "trainer.model.hidden=[32]"], CONF_DIR)
+
+
+# -- the command line, end to end, for input that must stop before any worker starts -------
+
+def assert_input_error(result, key: str, storage=None):
+    lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
+    assert result.returncode == 2, result.output[-3000:]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and key in lines[0], lines[0]
+    assert "Started a local Ray" not in result.output and "RayTrainWorker" not in result.output
+    if storage is not None:
+        assert not storage.exists() or not any(storage.rglob("*")), "storage was written"
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["trainer=tensorflowz"], "trainer="),
+        (["cluster.workers=0"], "cluster.workers"),
+        (["cluster.workers=-1"], "cluster.workers"),
+        (["cluster.workers=2", "cluster.min_workers=4"], "cluster.min_workers"),
+        (["cluster.workers=two"], "cluster.workers"),
+        (["trainer.batch_size=1.5x"], "trainer.batch_size"),
+        (["no_such_key=1"], "no_such_key"),
+    ],
+)
+def test_cli_rejects_bad_config(tmp_path, overrides, key):
+    storage = tmp_path / "ckpt"
+    result = run_cli(tmp_path / "run", f"storage.uri={storage}", *overrides, timeout=120)
+    assert_input_error(result, key, storage)
+
+
+def test_cli_rejects_missing_data_path(tmp_path):
+    storage = tmp_path / "ckpt"
+    result = run_cli(tmp_path / "run", f"storage.uri={storage}", "data=parquet",
+                     f"data.path={tmp_path / 'nope.parquet'}", timeout=120)
+    assert_input_error(result, "data.path", storage)
+
+
+def test_cli_rejects_resume_path_without_checkpoint(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "step_000000010").mkdir()  # a folder without a manifest is not a checkpoint
+    storage = tmp_path / "ckpt"
+    result = run_cli(tmp_path / "run", f"storage.uri={storage}", f"resume={empty}", timeout=120)
+    assert_input_error(result, "resume=", storage)
+
+
+def test_cli_rejects_unanswered_cluster_address(tmp_path):
+    import time
+
+    from tests.conftest import free_port
+
+    started = time.time()
+    result = run_cli(tmp_path / "run", f"storage.uri={tmp_path / 'ckpt'}",
+                     f"cluster.address=127.0.0.1:{free_port()}", timeout=120)
+    assert_input_error(result, "cluster.address")
+    assert time.time() - started < 30
+
+
+def test_cli_shows_composed_config(tmp_path):
+    result = run_cli(tmp_path / "run", "cluster.workers=16", flags=("--cfg", "job"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "workers: 16" in result.stdout and "_target_: trainers.ddp.trainer.DDPTrainer" in result.stdout

@@ -1,0 +1,51 @@
+"""The run record's arithmetic, and that secrets never reach it."""
+
+from __future__ import annotations
+
+import json
+
+from orchestrator.config.schema import ClusterConfig
+from orchestrator.record import REDACTED, RunRecord, redact
+from orchestrator.scaling import cpus_per_worker, scaling_kwargs
+
+
+def test_restarts_and_lost_steps():
+    rec = RunRecord("r", "ddp", {}, "/ck", started_at=100.0)
+    rec.group_started(2, 0, 110.0)
+    rec.progress(1, 64, {"loss": 1.0}, 111.0)
+    rec.progress(37, 64 * 36, {"loss": 0.5}, 112.0)
+    rec.group_started(2, 30, 120.0)  # restarted from the checkpoint at step 30
+    rec.progress(50, 64 * 20, {"loss": 0.4}, 125.0)
+    rec.finish("succeeded", None, 126.0)
+    assert rec.restarts == 1 and rec.lost_steps == 7
+    assert [w["step"] for w in rec.world_sizes] == [0, 30]
+    assert rec.time_to_first_step_s == 11.0 and rec.wall_s == 26.0
+    assert rec.samples_per_s == round(64 * 57 / 15.0, 1)
+
+
+def test_a_resize_is_not_a_restart():
+    rec = RunRecord("r", "ddp", {}, "/ck")
+    rec.group_started(4, 0, rec.started_at)
+    rec.group_started(2, 0, rec.started_at)
+    assert rec.restarts == 0 and [w["size"] for w in rec.world_sizes] == [4, 2]
+
+
+def test_redact_hides_secret_keys(tmp_path):
+    config = {"storage": {"secret_key": "S3CR3T", "uri": "s3://b"}, "x": [{"token": "t"}]}
+    rec = RunRecord("r", "ddp", redact(config), "/ck")
+    rec.write(str(tmp_path / "run.json"))
+    text = (tmp_path / "run.json").read_text()
+    assert "S3CR3T" not in text and json.loads(text)["config"]["storage"]["secret_key"] == REDACTED
+
+
+def test_cpu_share_is_automatic_and_fractional():
+    assert cpus_per_worker(ClusterConfig(workers=2), 2.0) == 1.0
+    assert cpus_per_worker(ClusterConfig(workers=16), 2.0) == 0.12
+    assert cpus_per_worker(ClusterConfig(workers=1), 8.0) == 1.0
+    assert cpus_per_worker(ClusterConfig(workers=4, cpus_per_worker=0.3), 2.0) == 0.3
+
+
+def test_elastic_scaling_asks_for_a_range():
+    kwargs = scaling_kwargs(ClusterConfig(workers=8, min_workers=2, resize_check_s=5), 2.0)
+    assert kwargs["num_workers"] == (2, 8) and kwargs["elastic_resize_monitor_interval_s"] == 5
+    assert scaling_kwargs(ClusterConfig(workers=3), 2.0)["num_workers"] == 3
