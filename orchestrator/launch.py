@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -72,6 +73,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                 name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
                 storage_path=str(output_dir / "ray_train"),
                 failure_config=FailureConfig(max_failures=cfg.failure.max_restarts),
+                worker_runtime_env={"env_vars": worker_env(trainer_cls)},
             )
             ray_trainer = trainer_cls.ray_trainer_class()(
                 train_loop_per_worker,
@@ -86,6 +88,13 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
         return input_error(exc)
     summarize(final, record_path)
     return code
+
+
+def worker_env(trainer_cls: type[Trainer]) -> dict[str, str]:
+    """The trainer's variables, and the command's directory on the workers' import path, so a
+    user's own model module (trainer.model._target_=mymodels.Net) imports there too."""
+    path = [os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"PYTHONPATH": os.pathsep.join(path), **trainer_cls.worker_env()}
 
 
 def run_to_end(ray_trainer) -> tuple[int, str, str | None]:

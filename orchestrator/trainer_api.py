@@ -36,6 +36,11 @@ class Trainer(ABC):
         return {}
 
     @classmethod
+    def worker_env(cls) -> dict[str, str]:
+        """Environment variables the workers need before their first import."""
+        return {}
+
+    @classmethod
     def check_config(cls, config: Mapping[str, Any]) -> None:
         """Raise ConfigError for input the schema cannot judge; runs before Ray starts."""
         return None

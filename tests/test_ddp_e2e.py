@@ -91,3 +91,13 @@ def test_interrupted_run_resumes_where_it_stopped_and_ends_bit_identical(ray_hea
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs after resume"
     assert rec["metrics"] == straight.record["metrics"]
+
+
+@pytest.mark.slow
+def test_sixteen_workers_share_two_cores(ray_head, tmp_path):
+    result = run_cli(tmp_path / "run", f"storage.uri={tmp_path / 'ckpt'}",
+                     f"cluster.address={ray_head.address}", "cluster.workers=16",
+                     "trainer.max_steps=30", "checkpoint.every_steps=10")
+    rec = assert_trained(result, workers=16, min_accuracy=0.5)
+    assert rec["steps"] == 30
+    assert "{'CPU': 0.12} * 16" in result.output  # the automatic fractional share

@@ -9,5 +9,10 @@ from hydra.core.config_store import ConfigStore
 
 def register_schemas(cs: ConfigStore) -> None:
     from trainers.ddp.config import DDPConfig
+    from trainers.lightgbm.config import LightGBMConfig
+    from trainers.mwms.config import MWMSConfig
+    from trainers.xgboost.config import XGBoostConfig
 
-    cs.store(group="trainer", name="ddp_schema", node=DDPConfig)
+    for name, schema in [("ddp", DDPConfig), ("mwms", MWMSConfig), ("xgboost", XGBoostConfig),
+                         ("lightgbm", LightGBMConfig)]:
+        cs.store(group="trainer", name=f"{name}_schema", node=schema)

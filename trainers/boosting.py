@@ -1,0 +1,31 @@
+"""What the two boosted-tree trainers share: each worker's shard and the final metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.metrics import log_loss, roc_auc_score
+
+
+def worker_rows(num_rows: int, rank: int, world_size: int) -> np.ndarray:
+    """Every world_size-th row: a resize re-shards the same data over the new workers."""
+    return np.arange(rank, num_rows, world_size)
+
+
+def classification_metrics(proba: np.ndarray, y: np.ndarray, num_classes: int) -> dict[str, float]:
+    """Accuracy and log loss; AUC too for two classes. proba: (rows,) or (rows, classes)."""
+    if proba.ndim == 1:
+        proba = np.column_stack([1.0 - proba, proba])
+    metrics = {
+        "test_accuracy": float((proba.argmax(1) == y).mean()),
+        "test_logloss": float(log_loss(y, np.clip(proba, 1e-7, 1.0), labels=list(range(num_classes)))),
+    }
+    if num_classes == 2:
+        metrics["test_auc"] = float(roc_auc_score(y, proba[:, 1]))
+    return metrics
+
+
+def first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    # XGBoost and LightGBM put the useful sentence after a location prefix.
+    useful = [ln for ln in lines if "rror" in ln or "nknown" in ln or "nvalid" in ln]
+    return (useful or lines or [type(exc).__name__])[0][:300]

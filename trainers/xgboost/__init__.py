@@ -1,0 +1,1 @@
+"""Distributed XGBoost (rabit collective set up by Ray Train's XGBoostTrainer)."""
