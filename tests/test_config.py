@@ -133,3 +133,62 @@ def test_cli_shows_composed_config(tmp_path):
     result = run_cli(tmp_path / "run", "cluster.workers=16", flags=("--cfg", "job"), timeout=120)
     assert result.returncode == 0, result.stderr
     assert "workers: 16" in result.stdout and "_target_: trainers.ddp.trainer.DDPTrainer" in result.stdout
+
+
+@pytest.mark.parametrize("trainer", ["mwms", "xgboost", "lightgbm"])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["cluster.workers=0"], "cluster.workers=0"),
+        (["cluster.workers=3", "cluster.min_workers=5"], "cluster.min_workers=5"),
+        (["trainer.no_such_param=1"], "trainer.no_such_param"),
+        (["seed=abc"], "seed='abc'"),
+    ],
+)
+def test_foundation_checks_hold_for_every_trainer(trainer, overrides, key):
+    with pytest.raises(ConfigError, match=key.replace("(", r"\(")):
+        check_command_line([f"trainer={trainer}", *overrides], CONF_DIR)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["trainer=xgboost", "trainer.num_boost_round=0"], ["trainer=lightgbm", "trainer.num_leaves=1"],
+     ["trainer=mwms", "trainer.optimizer=adagrad"], ["trainer=xgboost", "trainer.eta=-1"]],
+)
+def test_trainer_params_are_checked(overrides):
+    with pytest.raises(ConfigError, match=overrides[1].split("=")[0]):
+        check_command_line(overrides, CONF_DIR)
+
+
+@pytest.mark.parametrize("trainer", ["xgboost", "lightgbm"])
+def test_cli_surfaces_an_objective_the_framework_does_not_know(tmp_path, trainer):
+    storage = tmp_path / "ckpt"
+    result = run_cli(tmp_path / "run", f"storage.uri={storage}", f"trainer={trainer}",
+                     "trainer.objective=reg:nonsense", timeout=120)
+    assert_input_error(result, "trainer.objective", storage)
+    assert "nonsense" in result.stderr  # the framework's own words about it
+
+
+def write_parquet(path, **columns) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path)
+
+
+def test_cli_rejects_a_missing_label_column(tmp_path):
+    write_parquet(tmp_path / "d.parquet", a=[1.0, 2.0], b=[0.5, 0.1], target=[0, 1])
+    storage = tmp_path / "ckpt"
+    result = run_cli(tmp_path / "run", f"storage.uri={storage}", "trainer=xgboost",
+                     "data=parquet", f"data.path={tmp_path / 'd.parquet'}", "data.label=label",
+                     timeout=120)
+    assert_input_error(result, "data.label='label'", storage)
+    assert "target" in result.stderr  # the columns that are there
+
+
+def test_cli_rejects_a_non_numeric_feature_column(tmp_path):
+    write_parquet(tmp_path / "d.parquet", a=[1.0, 2.0], colour=["red", "blue"], label=[0, 1])
+    storage = tmp_path / "ckpt"
+    result = run_cli(tmp_path / "run", f"storage.uri={storage}", "trainer=lightgbm",
+                     "data=parquet", f"data.path={tmp_path / 'd.parquet'}", timeout=120)
+    assert_input_error(result, "colour", storage)

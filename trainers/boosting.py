@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
+
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
 
@@ -29,3 +33,17 @@ def first_line(exc: BaseException) -> str:
     # XGBoost and LightGBM put the useful sentence after a location prefix.
     useful = [ln for ln in lines if "rror" in ln or "nknown" in ln or "nvalid" in ln]
     return (useful or lines or [type(exc).__name__])[0][:300]
+
+
+@contextmanager
+def native_stderr_silenced():
+    """The C++ side of LightGBM prints its fatal errors itself; we surface them as one line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

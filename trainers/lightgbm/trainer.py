@@ -17,7 +17,12 @@ import ray.train.lightgbm
 
 from orchestrator.errors import ConfigError
 from orchestrator.trainer_api import Trainer
-from trainers.boosting import classification_metrics, first_line, worker_rows
+from trainers.boosting import (
+    classification_metrics,
+    first_line,
+    native_stderr_silenced,
+    worker_rows,
+)
 
 PARAM_KEYS = ("num_leaves", "learning_rate", "max_depth", "min_data_in_leaf",
               "feature_fraction", "lambda_l2")
@@ -45,7 +50,8 @@ class LightGBMTrainer(Trainer):
         rng = np.random.default_rng(0)
         x, y = rng.normal(size=(40, 2)), np.tile([0.0, 1.0], 20)
         try:
-            lgb.train(booster_params(config, 2, 0), lgb.Dataset(x, label=y), num_boost_round=1)
+            with native_stderr_silenced():
+                lgb.train(booster_params(config, 2, 0), lgb.Dataset(x, label=y), num_boost_round=1)
         except lgb.basic.LightGBMError as exc:
             key = "trainer.objective" if config.get("objective") else "trainer.params"
             raise ConfigError(f"{key}: LightGBM refuses it: {first_line(exc)}") from exc

@@ -17,7 +17,12 @@ import xgboost as xgb
 
 from orchestrator.errors import ConfigError
 from orchestrator.trainer_api import Trainer
-from trainers.boosting import classification_metrics, first_line, worker_rows
+from trainers.boosting import (
+    classification_metrics,
+    first_line,
+    native_stderr_silenced,
+    worker_rows,
+)
 
 PARAM_KEYS = ("max_depth", "eta", "subsample", "colsample_bytree", "min_child_weight",
               "reg_lambda", "tree_method", "max_bin")
@@ -57,7 +62,8 @@ class XGBoostTrainer(Trainer):
         x = np.array([[0.0], [1.0], [0.0], [1.0]], dtype=np.float32)
         y = np.array([0, 1, 0, 1], dtype=np.float32)
         try:
-            xgb.train(booster_params(config, 2, 0), xgb.DMatrix(x, label=y), num_boost_round=1)
+            with native_stderr_silenced():
+                xgb.train(booster_params(config, 2, 0), xgb.DMatrix(x, label=y), num_boost_round=1)
         except xgb.core.XGBoostError as exc:
             key = "trainer.objective" if config.get("objective") else "trainer.params"
             raise ConfigError(f"{key}: XGBoost refuses it: {first_line(exc)}") from exc

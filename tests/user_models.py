@@ -1,0 +1,24 @@
+"""Models a user might bring, plugged in through trainer.model._target_ (not in the package)."""
+
+from __future__ import annotations
+
+
+class TinyTorchNet:
+    """A factory returning a torch module: in_features -> width -> classes."""
+
+    def __new__(cls, in_features: int, num_classes: int, width: int = 32):
+        from torch import nn
+
+        return nn.Sequential(nn.Linear(in_features, width), nn.Tanh(), nn.Linear(width, num_classes))
+
+
+def tiny_keras_model(in_features: int, num_classes: int, width: int = 32):
+    import tensorflow as tf
+
+    import trainers.mwms  # noqa: F401  (tf-keras before tensorflow)
+
+    return tf.keras.Sequential([
+        tf.keras.Input(shape=(in_features,)),
+        tf.keras.layers.Dense(width, activation="tanh"),
+        tf.keras.layers.Dense(num_classes),
+    ])
