@@ -44,6 +44,7 @@ class RunRecord:
     wall_s: float | None = None
     samples_per_s: float | None = None
     error: str | None = None
+    warnings: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     _first_group_at: float | None = None
     _last_step_at: float | None = None
@@ -73,6 +74,9 @@ class RunRecord:
     def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float) -> None:
         self.checkpoints.append({"step": step, "uri": uri, "bytes": nbytes,
                                  "save_s": round(save_s, 4), "upload_s": round(upload_s, 4)})
+
+    def warning(self, message: str) -> None:
+        self.warnings.append(message)
 
     def worker_finished(self, step: int, metrics: dict, at: float) -> None:
         self.steps = step

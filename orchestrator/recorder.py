@@ -42,6 +42,10 @@ class RunRecorder:
         self.record.checkpoint(step, uri, nbytes, save_s, upload_s)
         self._write(force=True)
 
+    def warning(self, message: str) -> None:
+        self.record.warning(message)
+        self._write(force=True)
+
     def worker_finished(self, step: int, metrics: dict, at: float) -> None:
         self.record.worker_finished(step, metrics, at)
         self._write(force=True)

@@ -12,7 +12,8 @@ from orchestrator.checkpoint.store import CheckpointStore, open_source
 from orchestrator.config.schema import Config
 from orchestrator.data.datasets import check_parquet
 from orchestrator.errors import ConfigError
-from orchestrator.storage import StorageSpec, absolute
+from orchestrator.storage import Credentials, StorageSpec, absolute
+from orchestrator.storage_check import check_storage, create_bucket
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,14 @@ def derive_run_name(trainer: dict, data: dict, seed: int) -> str:
 
 
 def make_plan(cfg: Config, trainer: dict, data: dict) -> RunPlan:
-    storage = StorageSpec(absolute(cfg.storage.uri), cfg.storage.endpoint, cfg.storage.region)
+    storage = StorageSpec(absolute(cfg.storage.uri), cfg.storage.endpoint, cfg.storage.region,
+                          Credentials.from_env(), cfg.storage.create_bucket)
+    bucket_missing = check_storage(storage)
     name = cfg.run.name or derive_run_name(trainer, data, cfg.seed)
     if cfg.run.name is None and cfg.resume == "never":
         name += time.strftime("-%Y%m%d-%H%M%S")  # a fresh start gets a fresh folder
     run_storage = storage.child(name)
-    latest = CheckpointStore(run_storage).latest()
+    latest = None if bucket_missing else CheckpointStore(run_storage).latest()
 
     if cfg.resume == "never" and latest is not None:
         raise ConfigError(
@@ -46,8 +49,11 @@ def make_plan(cfg: Config, trainer: dict, data: dict) -> RunPlan:
         )
     source, step = None, (latest.step if latest else None)
     if cfg.resume not in ("auto", "never"):
-        source = StorageSpec(absolute(cfg.resume), cfg.storage.endpoint, cfg.storage.region)
-        found = open_source(source)
+        source = storage.sibling(cfg.resume)
+        try:
+            found = open_source(source)
+        except OSError as exc:
+            raise ConfigError(f"resume={cfg.resume!r}: cannot read it ({str(exc).splitlines()[0][:200]})") from None
         if found is None:
             raise ConfigError(
                 f"resume={cfg.resume!r}: no committed checkpoint there (expected a step_* "
@@ -57,4 +63,6 @@ def make_plan(cfg: Config, trainer: dict, data: dict) -> RunPlan:
 
     if cfg.data.name == "parquet":
         check_parquet(cfg.data, storage)
+    if bucket_missing:  # every check passed: only now is anything written
+        create_bucket(storage)
     return RunPlan(name, run_storage, source, step)

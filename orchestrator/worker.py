@@ -15,7 +15,9 @@ import ray
 import ray.train
 from hydra.utils import get_class
 
+from orchestrator.checkpoint.committer import Committed, Committer
 from orchestrator.checkpoint.policy import CheckpointPolicy
+from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import CheckpointStore, open_source
 from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.data.datasets import load_dataset
@@ -54,6 +56,9 @@ class WorkerSession:
         self._unsent_samples = 0
         self._last_log = time.monotonic()
         self._protect: set[int] = set()  # the checkpoint this attempt resumed from
+        self.committer = Committer(self.store, spec.checkpoint.async_upload,
+                                   on_commit=self._committed, on_failure=self._not_committed,
+                                   backoff=Backoff(deadline_s=spec.checkpoint.upload_retry_s))
 
     @property
     def saves(self) -> bool:
@@ -65,7 +70,11 @@ class WorkerSession:
     # -- restore -----------------------------------------------------------------------
     def restore(self, trainer) -> int:
         """Load the newest intact checkpoint of this run (else resume=<uri>); return its step."""
-        found = self.store.load_newest_intact()
+        skipped: list[str] = []
+        found = self.store.load_newest_intact(skipped)
+        if self.rank == 0:
+            for reason in skipped:
+                self.spec.recorder.warning.remote(reason)
         if found is None and self.spec.resume_source is not None:
             source = open_source(self.spec.resume_source)
             if source is not None:
@@ -104,14 +113,27 @@ class WorkerSession:
     def checkpoint(self, step: int) -> None:
         if not self.saves:
             return
+        started = time.perf_counter()
         files = self.trainer.save()
         if self.rank != 0:
             return  # multi-writer trainers (MWMS) write through rank 0's copy
         meta = {"step": step, "world_size": self.world_size, "seed": self.seed}
-        saved = self.store.save(step, files, meta)
+        self.committer.snapshot(step, files, meta, serialize_s=time.perf_counter() - started)
         self.policy.saved(step, time.monotonic())
-        self.spec.recorder.checkpoint.remote(step, saved.ref.uri, saved.bytes, saved.save_s, 0.0)
+
+    def _committed(self, done: Committed) -> None:
+        ref = done.saved.ref
+        self.spec.recorder.checkpoint.remote(ref.step, ref.uri, done.saved.bytes, done.save_s,
+                                             done.upload_s)
         self.store.prune(self.spec.checkpoint.keep, protect=self._protect)
+
+    def _not_committed(self, step: int, exc: Exception) -> None:
+        self.spec.recorder.warning.remote(f"checkpoint at step {step} was not committed: "
+                                          f"{str(exc).splitlines()[0][:200]}")
+
+    def close(self) -> None:
+        """Wait for the uploads in flight: the run is not done before its checkpoints are."""
+        self.committer.close()
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -127,10 +149,13 @@ def train_loop_per_worker(config: dict) -> None:
     session.step = start
     if session.rank == 0:
         spec.recorder.group_started.remote(session.world_size, start, time.time())
-    if start < session.total_steps:
-        trainer.train(start)
-    elif session.rank == 0:
-        print(f"run already complete at step {start}; evaluating", flush=True)
+    try:
+        if start < session.total_steps:
+            trainer.train(start)
+        elif session.rank == 0:
+            print(f"run already complete at step {start}; evaluating", flush=True)
+    finally:
+        session.close()
     metrics = trainer.evaluate()
     if session.rank == 0:
         ray.get(spec.recorder.worker_finished.remote(session.step, metrics, time.time()))

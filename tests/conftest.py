@@ -103,3 +103,13 @@ def ray_head(tmp_path_factory):
     head = start_head(tmp_path_factory.mktemp("ray-head"))
     yield head
     stop_head(head.process)
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """A real SeaweedFS S3 server on free loopback ports, stopped by pid afterwards."""
+    from scripts.s3_server import SeaweedS3
+
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweed")).start()
+    yield server
+    server.stop(kill=True)

@@ -12,12 +12,15 @@ import hashlib
 import json
 import logging
 import re
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from orchestrator.checkpoint.retry import DEFAULT_BACKOFF, Backoff, with_retries
 from orchestrator.storage import StorageSpec, join
 
 log = logging.getLogger(__name__)
@@ -94,38 +97,64 @@ class CheckpointStore:
             files[name] = data
         return files, manifest.get("meta", {})
 
-    def load_newest_intact(self) -> tuple[CheckpointRef, dict[str, bytes], dict] | None:
-        """The newest checkpoint whose files match their manifest; corrupt ones are reported."""
+    def load_newest_intact(self, skipped: list[str] | None = None):
+        """(ref, files, meta) of the newest checkpoint whose files match their manifest, or
+        None. Corrupt ones are logged and described in ``skipped``."""
         for ref in reversed(self.committed()):
             try:
                 files, meta = self.load(ref)
             except (CorruptCheckpoint, OSError, ValueError, KeyError) as exc:
-                log.warning("checkpoint %s is unreadable, trying an older one: %s", ref.uri, exc)
+                reason = f"checkpoint {ref.uri} is unreadable ({exc}); trying an older one"
+                log.warning(reason)
+                if skipped is not None:
+                    skipped.append(reason)
                 continue
             return ref, files, meta
         return None
 
     # -- writing -----------------------------------------------------------------------
     def save(self, step: int, files: Mapping[str, bytes], meta: dict | None = None) -> SavedCheckpoint:
-        """Write the files, then the manifest: only then is the checkpoint committed."""
+        """Commit in-memory files (synchronously, through the same path as the uploader)."""
+        with tempfile.TemporaryDirectory(prefix="orchestrator-save-") as tmp:
+            entries = {}
+            for name, data in files.items():
+                (Path(tmp) / name).write_bytes(data)
+                entries[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            return self.commit_folder(step, Path(tmp), entries, meta or {})
+
+    def commit_folder(self, step: int, folder: Path, entries: dict[str, dict], meta: dict,
+                      backoff: Backoff = DEFAULT_BACKOFF) -> SavedCheckpoint:
+        """Upload a staged snapshot file by file (each retried through outages), check the
+        sizes the store reports, then write the manifest: the commit."""
         started = time.perf_counter()
         name = step_dir(step)
         path, uri = join(self.root, name), join(self.spec.uri, name)
         ref = CheckpointRef(step, uri, path)
-        if self.fs.get_file_info(join(path, MANIFEST)).type == pafs.FileType.File:
-            # Already committed (e.g. by an earlier attempt): never overwrite it.
-            total = sum(e["bytes"] for e in self.read_manifest(ref)["files"].values())
-            return SavedCheckpoint(ref, total, 0.0, meta or {})
-        self.fs.create_dir(path, recursive=True)
-        entries = {}
-        for fname, data in files.items():
-            with self.fs.open_output_stream(join(path, fname)) as f:
-                f.write(data)
-            entries[fname] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        manifest = {"step": step, "files": entries, "meta": meta or {}, "committed_at": time.time()}
-        self._write_atomically(join(path, MANIFEST), json.dumps(manifest, indent=1).encode())
         total = sum(e["bytes"] for e in entries.values())
-        return SavedCheckpoint(ref, total, time.perf_counter() - started, meta or {})
+        if self._is_committed(path):  # committed by an earlier attempt: never overwrite it
+            return SavedCheckpoint(ref, total, 0.0, meta)
+        with_retries(f"creating {uri}", lambda: self.fs.create_dir(path, recursive=True), backoff)
+        for fname in entries:
+            with_retries(f"uploading {uri}/{fname}",
+                         lambda f=fname: self._upload_file(folder / f, join(path, f)), backoff)
+        for fname, entry in entries.items():
+            size = with_retries(f"checking {uri}/{fname}",
+                                lambda f=fname: self.fs.get_file_info(join(path, f)).size, backoff)
+            if size != entry["bytes"]:
+                raise CorruptCheckpoint(f"{uri}/{fname}: {size} bytes stored, {entry['bytes']} sent")
+        manifest = {"step": step, "files": entries, "meta": meta, "committed_at": time.time()}
+        data = json.dumps(manifest, indent=1).encode()
+        with_retries(f"committing {uri}", lambda: self._write_atomically(join(path, MANIFEST), data),
+                     backoff)
+        return SavedCheckpoint(ref, total, time.perf_counter() - started, meta)
+
+    def _upload_file(self, local: Path, remote: str, chunk: int = 8 << 20) -> None:
+        with open(local, "rb") as src, self.fs.open_output_stream(remote) as dst:
+            while block := src.read(chunk):
+                dst.write(block)
+
+    def _is_committed(self, path: str) -> bool:
+        return self.fs.get_file_info(join(path, MANIFEST)).type == pafs.FileType.File
 
     def _write_atomically(self, path: str, data: bytes) -> None:
         if isinstance(self.fs, pafs.LocalFileSystem):

@@ -64,9 +64,14 @@ class StorageConfig:
     uri: str = "checkpoints"  # a directory, or any URI pyarrow understands (s3://bucket/prefix)
     endpoint: str | None = None  # S3-compatible endpoint, e.g. http://127.0.0.1:8333
     region: str = "us-east-1"
+    create_bucket: bool = True  # false: a missing bucket is an input error
 
     def __post_init__(self) -> None:
         require(self.uri.strip() != "", "storage.uri", self.uri, "a directory or a URI")
+        if self.uri.startswith("s3://"):
+            from orchestrator.storage import check_s3_uri
+
+            check_s3_uri(self.uri)
 
 
 @dataclass
@@ -99,6 +104,7 @@ class CheckpointConfig:
     every_seconds: float | None = None
     keep: int = 3  # newest committed checkpoints kept (0 = all)
     async_upload: bool = True
+    upload_retry_s: float = 600.0  # keep retrying an upload through an outage this long
 
     def __post_init__(self) -> None:
         if self.every_steps is not None:
@@ -107,6 +113,8 @@ class CheckpointConfig:
         if self.every_seconds is not None:
             require(self.every_seconds > 0, "checkpoint.every_seconds", self.every_seconds,
                     "null or a number > 0")
+        require(self.upload_retry_s > 0, "checkpoint.upload_retry_s", self.upload_retry_s,
+                "a number of seconds > 0")
         require(self.keep >= 0, "checkpoint.keep", self.keep, "an integer >= 0 (0 keeps all)")
 
 

@@ -67,8 +67,7 @@ def split(x, y, test_fraction: float, seed: int, names) -> Dataset:
 def _parquet_dataset(cfg: DataConfig, storage: StorageSpec | None):
     import pyarrow.dataset as pads
 
-    spec = StorageSpec(cfg.path, storage.endpoint if storage else None,
-                       storage.region if storage else "us-east-1")
+    spec = storage.sibling(cfg.path) if storage else StorageSpec(cfg.path)
     fs, path = spec.filesystem()
     try:
         return pads.dataset(path, filesystem=fs, format="parquet")

@@ -1,0 +1,43 @@
+"""Retry an operation with exponential backoff until a deadline: outages are waited out."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger("orchestrator.checkpoint")
+
+
+@dataclass(frozen=True)
+class Backoff:
+    first_s: float = 0.5
+    max_s: float = 15.0
+    deadline_s: float = 600.0  # give up on this checkpoint after so long; training goes on
+
+    def delays(self):
+        delay = self.first_s
+        while True:
+            yield delay
+            delay = min(delay * 2, self.max_s)
+
+
+DEFAULT_BACKOFF = Backoff()
+
+
+def with_retries(what: str, operation: Callable[[], T], backoff: Backoff,
+                 sleep: Callable[[float], None] = time.sleep) -> T:
+    started = time.monotonic()
+    for attempt, delay in enumerate(backoff.delays(), start=1):
+        try:
+            return operation()
+        except OSError as exc:
+            if time.monotonic() - started + delay > backoff.deadline_s:
+                raise
+            log.warning("%s failed (attempt %d, retrying in %.1fs): %s", what, attempt, delay,
+                        str(exc).splitlines()[0][:200])
+            sleep(delay)
+    raise AssertionError("unreachable")

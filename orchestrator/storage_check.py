@@ -1,0 +1,50 @@
+"""Before anything runs: can the storage be reached, with these credentials, in this bucket?
+
+Each problem becomes one ConfigError line (exit 2). Nothing is written while checking.
+"""
+
+from __future__ import annotations
+
+import pyarrow.fs as pafs
+
+from orchestrator.errors import ConfigError
+from orchestrator.storage import StorageSpec
+
+_UNREACHABLE = ("curlCode: 7", "curlCode: 28", "Couldn't connect", "Connection refused",
+                "Timeout was reached", "Could not resolve", "curlCode: 6")
+_REFUSED = ("ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch", "HTTP status 403",
+            "AccessDenied", "Forbidden")
+
+
+def check_storage(spec: StorageSpec) -> bool:
+    """Raise ConfigError if the storage cannot be used; return True if a bucket must be made."""
+    if not spec.is_s3:
+        spec.filesystem()  # unknown schemes fail here
+        return False
+    fs, _ = spec.filesystem(connect_timeout=3.0, request_timeout=10.0,
+                            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
+    where = spec.endpoint or "AWS S3"
+    try:
+        info = fs.get_file_info(spec.bucket)
+    except OSError as exc:
+        text = spec.credentials.scrub(str(exc)) if spec.credentials else str(exc)
+        if any(marker in text for marker in _UNREACHABLE):
+            raise ConfigError(f"storage.endpoint={spec.endpoint!r}: nothing answers at {where}") from None
+        if any(marker in text for marker in _REFUSED):
+            raise ConfigError(
+                f"storage: {where} refuses the credentials from AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY (wrong key or secret, or no access to bucket "
+                f"{spec.bucket!r})") from None
+        raise ConfigError(f"storage.uri={spec.uri!r}: {text.splitlines()[0][:200]}") from None
+    if info.type == pafs.FileType.NotFound:
+        if not spec.create_bucket:
+            raise ConfigError(
+                f"storage.uri={spec.uri!r}: bucket {spec.bucket!r} does not exist at {where} "
+                "(create it, or allow storage.create_bucket=true)")
+        return True
+    return False
+
+
+def create_bucket(spec: StorageSpec) -> None:
+    fs, _ = spec.filesystem()
+    fs.create_dir(spec.bucket)

@@ -1,0 +1,157 @@
+"""Checkpoints in real S3 (SeaweedFS on loopback): commit, partial, corrupt, retention,
+outage, bad input, secrets, and a round trip through every trainer on real Ray."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+
+from orchestrator.checkpoint.committer import Committer
+from orchestrator.checkpoint.retry import Backoff
+from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
+from orchestrator.storage import Credentials, StorageSpec
+from tests.conftest import free_port, run_cli
+from tests.test_config import assert_input_error
+
+
+def spec_for(server, prefix: str, create_bucket: bool = True) -> StorageSpec:
+    return StorageSpec(f"s3://ckpt-tests/{prefix}", server.endpoint, "us-east-1",
+                       Credentials(server.access_key, server.secret_key), create_bucket)
+
+
+@pytest.fixture(scope="module")
+def bucket(s3_server):
+    s3_server.filesystem().create_dir("ckpt-tests")
+    return "ckpt-tests"
+
+
+def s3_env(server) -> dict:
+    return {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
+
+
+def test_commit_and_load_round_trip(s3_server, bucket):
+    store = CheckpointStore(spec_for(s3_server, "roundtrip"))
+    store.save(10, {"model.pt": b"m" * 1000, "opt.pt": b"o" * 10})
+    ref, files, _ = store.load_newest_intact()
+    assert ref.step == 10 and ref.uri == "s3://ckpt-tests/roundtrip/step_000000010"
+    assert files == {"model.pt": b"m" * 1000, "opt.pt": b"o" * 10}
+
+
+def test_a_partial_upload_is_never_the_latest(s3_server, bucket):
+    store = CheckpointStore(spec_for(s3_server, "partial"))
+    store.save(10, {"a": b"whole"})
+    fs = s3_server.filesystem()
+    with fs.open_output_stream(f"ckpt-tests/partial/{step_dir(20)}/a") as f:
+        f.write(b"half of it")  # files uploaded, manifest not yet written
+    assert [r.step for r in store.committed()] == [10]
+
+
+def test_a_corrupt_object_is_reported_and_the_older_checkpoint_used(s3_server, bucket):
+    store = CheckpointStore(spec_for(s3_server, "corrupt"))
+    store.save(10, {"a": b"good"})
+    store.save(20, {"a": b"newer"})
+    with s3_server.filesystem().open_output_stream(f"ckpt-tests/corrupt/{step_dir(20)}/a") as f:
+        f.write(b"rot!!")  # same size, other bytes: only the checksum can tell
+    skipped: list[str] = []
+    ref, files, _ = store.load_newest_intact(skipped)
+    assert ref.step == 10 and files["a"] == b"good"
+    assert len(skipped) == 1 and "step_000000020" in skipped[0]
+
+
+def test_retention_keeps_the_newest_and_the_one_being_resumed(s3_server, bucket):
+    store = CheckpointStore(spec_for(s3_server, "retention"))
+    for step in (10, 20, 30, 40, 50):
+        store.save(step, {"a": str(step).encode()})
+    store.prune(keep=2, protect={20})
+    assert [r.step for r in store.committed()] == [20, 40, 50]
+    info = s3_server.filesystem().get_file_info(f"ckpt-tests/retention/{step_dir(10)}/{MANIFEST}")
+    assert info.type.name == "NotFound"
+
+
+def test_an_upload_outlives_a_server_outage_without_blocking_training(s3_server, bucket):
+    store = CheckpointStore(spec_for(s3_server, "outage"))
+    committer = Committer(store, asynchronous=True, backoff=Backoff(first_s=0.5, max_s=2.0, deadline_s=120))
+    big = secrets.token_bytes(96 << 20)  # long enough to be cut off mid-upload
+    blocked = [committer.snapshot(10, {"model.bin": big}, {"step": 10})]
+    time.sleep(0.3)
+    s3_server.stop(kill=True)  # the outage starts while step 10 uploads
+    blocked.append(committer.snapshot(20, {"model.bin": big[:1000]}, {"step": 20}))
+    time.sleep(3)
+    assert committer.committed_steps == []  # nothing can be committed while the server is down
+    s3_server.restart()
+    committer.close()  # waits until the retries have committed both
+    assert max(blocked) < 2.0, f"a step was blocked {blocked} s by the upload"
+    assert committer.committed_steps == [10, 20]
+    ref, files, _ = store.load_newest_intact()
+    assert ref.step == 20
+    assert store.load(store.committed()[0])[0]["model.bin"] == big  # whole and verified
+
+
+# -- bad input: one line, exit 2, before any worker starts, nothing written ------------------
+
+def test_cli_unreachable_endpoint(tmp_path, s3_server):
+    result = run_cli(tmp_path / "run", "storage=s3", "storage.uri=s3://ckpt-tests/x",
+                     f"storage.endpoint=http://127.0.0.1:{free_port()}", env=s3_env(s3_server),
+                     timeout=120)
+    assert_input_error(result, "storage.endpoint")
+
+
+def test_cli_wrong_credentials(tmp_path, s3_server, bucket):
+    env = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": "wrong" + "x" * 30}
+    result = run_cli(tmp_path / "run", "storage=s3", "storage.uri=s3://ckpt-tests/wrongcreds",
+                     f"storage.endpoint={s3_server.endpoint}", env=env, timeout=120)
+    assert_input_error(result, "credentials")
+    assert "wrongxxx" not in result.output
+
+
+def test_cli_missing_bucket_when_creation_is_off(tmp_path, s3_server):
+    result = run_cli(tmp_path / "run", "storage=s3", "storage.uri=s3://no-such-bucket/x",
+                     f"storage.endpoint={s3_server.endpoint}", "storage.create_bucket=false",
+                     env=s3_env(s3_server), timeout=120)
+    assert_input_error(result, "no-such-bucket")
+    assert "no-such-bucket" not in [i.base_name for i in s3_server.filesystem().get_file_info(
+        __import__("pyarrow.fs", fromlist=["FileSelector"]).FileSelector(""))]
+
+
+@pytest.mark.parametrize("uri", ["s3://Bad_Bucket/x", "s3:///nobucket", "s3://ab/x"])
+def test_cli_malformed_uri(tmp_path, s3_server, uri):
+    result = run_cli(tmp_path / "run", "storage=s3", f"storage.uri={uri}",
+                     f"storage.endpoint={s3_server.endpoint}", env=s3_env(s3_server), timeout=120)
+    assert_input_error(result, "storage.uri")
+
+
+# -- every trainer, end to end on real Ray, checkpointing to S3 ------------------------------
+
+TRAINER_RUNS = {
+    "ddp": ["trainer.max_steps=40"],
+    "mwms": ["trainer.max_steps=40"],
+    "xgboost": ["trainer.num_boost_round=20"],
+    "lightgbm": ["trainer.num_boost_round=20"],
+}
+
+
+@pytest.mark.parametrize("trainer", sorted(TRAINER_RUNS))
+def test_every_trainer_round_trips_through_s3(ray_head, s3_server, bucket, tmp_path, trainer):
+    common = [f"cluster.address={ray_head.address}", "storage=s3",
+              "storage.uri=s3://ckpt-tests/e2e", f"storage.endpoint={s3_server.endpoint}",
+              f"trainer={trainer}", "checkpoint.every_steps=10", f"run.name={trainer}-s3"]
+    first = run_cli(tmp_path / "a", *common, *TRAINER_RUNS[trainer], env=s3_env(s3_server))
+    assert first.returncode == 0, first.output[-4000:]
+    rec = first.record
+    assert rec["checkpoints"][-1]["uri"].startswith(f"s3://ckpt-tests/e2e/{trainer}-s3/step_")
+    assert all(c["bytes"] > 0 and c["upload_s"] > 0 for c in rec["checkpoints"])
+
+    # The same command again reads the final checkpoint back from S3 (a completed run).
+    again = run_cli(tmp_path / "b", *common, *TRAINER_RUNS[trainer], env=s3_env(s3_server))
+    assert again.returncode == 0, again.output[-4000:]
+    assert again.record["resumed_from_step"] == rec["steps"]
+    assert again.record["metrics"] == rec["metrics"]
+
+    # The secret key string is in no file the runs wrote, nor in what they printed.
+    for run_dir in (tmp_path / "a", tmp_path / "b"):
+        for path in run_dir.rglob("*"):
+            if path.is_file():
+                assert s3_server.secret_key.encode() not in path.read_bytes(), path
+    assert s3_server.secret_key not in first.output + again.output
