@@ -1,22 +1,19 @@
-"""Checkpoints without stalling training: the step waits only for a local snapshot.
+"""Checkpoints without stalling training: the step waits only for the local snapshot.
 
-snapshot() writes the trainer's files to a local staging folder (hashing them on the way)
-and returns; a background thread uploads them to the store, retrying through outages, and
-commits by writing the manifest last. With asynchronous=False the upload happens inline.
+The trainer's save() already produced the checkpoint's bytes in memory: that is the
+snapshot. snapshot() hands them to a background thread, which hashes and uploads them,
+retrying through outages, and commits by writing the manifest last. With
+asynchronous=False the same work happens inline, on the step.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from orchestrator.checkpoint.retry import DEFAULT_BACKOFF, Backoff
 from orchestrator.checkpoint.store import CheckpointStore, SavedCheckpoint
@@ -27,21 +24,21 @@ log = logging.getLogger("orchestrator.checkpoint")
 @dataclass
 class Snapshot:
     step: int
-    folder: Path
-    entries: dict[str, dict]  # file name -> {"bytes", "sha256"}
+    files: Mapping[str, bytes]
     meta: dict
-    save_s: float
+    save_s: float = 0.0
 
 
 @dataclass
 class Committed:
     saved: SavedCheckpoint
-    save_s: float  # the time the training step was blocked for the snapshot
+    save_s: float  # the time the training step was blocked to take the snapshot
     upload_s: float
 
 
 class Committer:
-    MAX_QUEUED = 2  # snapshots waiting for upload; beyond that the next snapshot waits
+    # Snapshots waiting for upload (each holds a checkpoint in memory); one more waits.
+    MAX_QUEUED = 2
 
     def __init__(self, store: CheckpointStore, asynchronous: bool = True,
                  on_commit: Callable[[Committed], None] | None = None,
@@ -52,27 +49,24 @@ class Committer:
         self.on_commit = on_commit or (lambda c: None)
         self.on_failure = on_failure or (lambda step, exc: None)
         self.backoff = backoff
-        self.staging = Path(tempfile.mkdtemp(prefix="orchestrator-staging-"))
         self._queue: queue.Queue[Snapshot | None] = queue.Queue(maxsize=self.MAX_QUEUED)
         self._thread: threading.Thread | None = None
         self.committed_steps: list[int] = []
 
-    def snapshot(self, step: int, files: Mapping[str, bytes], meta: dict, serialize_s: float = 0.0) -> float:
-        """Stage the files locally and hand them to the uploader; return seconds blocked."""
+    def snapshot(self, step: int, files: Mapping[str, bytes], meta: dict,
+                 serialize_s: float = 0.0) -> float:
+        """Hand the files over for commit; return the seconds the step was blocked."""
         started = time.perf_counter()
-        folder = self.staging / f"step_{step:09d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        entries = {}
-        for name, data in files.items():
-            (folder / name).write_bytes(data)
-            entries[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        snap = Snapshot(step, folder, entries, meta, 0.0)
+        snap = Snapshot(step, files, meta)
         if self.asynchronous:
-            self._ensure_thread()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="checkpoint-upload",
+                                                daemon=True)
+                self._thread.start()
+            snap.save_s = serialize_s + time.perf_counter() - started
             self._queue.put(snap)  # blocks only if uploads fall MAX_QUEUED behind
-            snap.save_s = serialize_s + time.perf_counter() - started
         else:
-            snap.save_s = serialize_s + time.perf_counter() - started
+            snap.save_s = serialize_s
             self._commit(snap)
         return serialize_s + time.perf_counter() - started
 
@@ -87,12 +81,6 @@ class Committer:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
-        shutil.rmtree(self.staging, ignore_errors=True)
-
-    def _ensure_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
-            self._thread.start()
 
     def _run(self) -> None:
         while True:
@@ -107,14 +95,11 @@ class Committer:
     def _commit(self, snap: Snapshot) -> None:
         started = time.perf_counter()
         try:
-            saved = self.store.commit_folder(snap.step, snap.folder, snap.entries, snap.meta,
-                                             self.backoff)
+            saved = self.store.save(snap.step, snap.files, snap.meta, self.backoff)
         except Exception as exc:  # the run goes on; the next checkpoint tries again
             log.error("checkpoint at step %d was not committed: %s", snap.step,
                       str(exc).splitlines()[0][:300])
             self.on_failure(snap.step, exc)
             return
-        finally:
-            shutil.rmtree(snap.folder, ignore_errors=True)
         self.committed_steps.append(snap.step)
         self.on_commit(Committed(saved, snap.save_s, time.perf_counter() - started))

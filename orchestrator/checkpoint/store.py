@@ -12,11 +12,9 @@ import hashlib
 import json
 import logging
 import re
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow.fs as pafs
 
@@ -113,30 +111,24 @@ class CheckpointStore:
         return None
 
     # -- writing -----------------------------------------------------------------------
-    def save(self, step: int, files: Mapping[str, bytes], meta: dict | None = None) -> SavedCheckpoint:
-        """Commit in-memory files (synchronously, through the same path as the uploader)."""
-        with tempfile.TemporaryDirectory(prefix="orchestrator-save-") as tmp:
-            entries = {}
-            for name, data in files.items():
-                (Path(tmp) / name).write_bytes(data)
-                entries[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-            return self.commit_folder(step, Path(tmp), entries, meta or {})
-
-    def commit_folder(self, step: int, folder: Path, entries: dict[str, dict], meta: dict,
-                      backoff: Backoff = DEFAULT_BACKOFF) -> SavedCheckpoint:
-        """Upload a staged snapshot file by file (each retried through outages), check the
-        sizes the store reports, then write the manifest: the commit."""
+    def save(self, step: int, files: Mapping[str, bytes], meta: dict | None = None,
+             backoff: Backoff = DEFAULT_BACKOFF) -> SavedCheckpoint:
+        """Upload the files one by one (each retried through outages), check the sizes the
+        store reports, then write the manifest with sizes and SHA-256: the commit."""
         started = time.perf_counter()
+        meta = meta or {}
         name = step_dir(step)
         path, uri = join(self.root, name), join(self.spec.uri, name)
         ref = CheckpointRef(step, uri, path)
+        entries = {f: {"bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()}
+                   for f, d in files.items()}
         total = sum(e["bytes"] for e in entries.values())
         if self._is_committed(path):  # committed by an earlier attempt: never overwrite it
             return SavedCheckpoint(ref, total, 0.0, meta)
         with_retries(f"creating {uri}", lambda: self.fs.create_dir(path, recursive=True), backoff)
-        for fname in entries:
+        for fname, data in files.items():
             with_retries(f"uploading {uri}/{fname}",
-                         lambda f=fname: self._upload_file(folder / f, join(path, f)), backoff)
+                         lambda f=fname, d=data: self._upload(join(path, f), d), backoff)
         for fname, entry in entries.items():
             size = with_retries(f"checking {uri}/{fname}",
                                 lambda f=fname: self.fs.get_file_info(join(path, f)).size, backoff)
@@ -148,10 +140,11 @@ class CheckpointStore:
                      backoff)
         return SavedCheckpoint(ref, total, time.perf_counter() - started, meta)
 
-    def _upload_file(self, local: Path, remote: str, chunk: int = 8 << 20) -> None:
-        with open(local, "rb") as src, self.fs.open_output_stream(remote) as dst:
-            while block := src.read(chunk):
-                dst.write(block)
+    def _upload(self, remote: str, data: bytes, chunk: int = 8 << 20) -> None:
+        view = memoryview(data)
+        with self.fs.open_output_stream(remote) as dst:
+            for offset in range(0, len(view), chunk):
+                dst.write(view[offset:offset + chunk])
 
     def _is_committed(self, path: str) -> bool:
         return self.fs.get_file_info(join(path, MANIFEST)).type == pafs.FileType.File
