@@ -59,7 +59,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                        plan.run_storage.uri, started_at=started_at)
     record_path = output_dir / "run.json"
     try:
-        with RaySession(cfg.cluster) as session:
+        with RaySession(cfg.cluster, controller_env(cfg)) as session:
             if session.dashboard_url:
                 log.info("Ray dashboard: %s (token in ~/.ray/auth_token)", session.dashboard_url)
             where = f"resuming at step {plan.resume_step}" if plan.resume_step else "from scratch"
@@ -67,12 +67,14 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             log.info("run record: %s", record_path)
             recorder = start_recorder(str(record_path), record)
             spec = WorkerSpec(trainer_cfg, cfg.data, cfg.checkpoint, plan.run_storage,
-                              plan.resume_source, cfg.seed, recorder)
+                              plan.resume_source, cfg.seed, recorder,
+                              cfg.failure.preemption_check_steps, cfg.failure.hang_timeout_s)
             scaling = ScalingConfig(**scaling_kwargs(cfg.cluster, session.total_cpus()))
             run_config = RunConfig(
                 name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
                 storage_path=str(output_dir / "ray_train"),
-                failure_config=FailureConfig(max_failures=cfg.failure.max_restarts),
+                failure_config=FailureConfig(max_failures=cfg.failure.max_restarts,
+                                             max_preemption_failures=cfg.failure.max_preemptions),
                 worker_runtime_env={"env_vars": worker_env(trainer_cls)},
             )
             ray_trainer = trainer_cls.ray_trainer_class()(
@@ -80,14 +82,25 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                 train_loop_config={"spec": spec},
                 scaling_config=scaling,
                 run_config=run_config,
-                **trainer_cls.ray_trainer_kwargs(trainer_cfg),
+                **trainer_cls.ray_trainer_kwargs(trainer_cfg, cfg.failure.hang_timeout_s),
             )
             code, status, error = run_to_end(ray_trainer)
+            permanent = ray.get(recorder.permanent_error.remote())
+            if permanent:
+                code, status, error = 1, "failed", permanent
+                print(f"error: training failed permanently (the same error repeated after a "
+                      f"restart), {permanent}", file=sys.stderr, flush=True)
             final = ray.get(recorder.finish.remote(status, error))
     except ConfigError as exc:
         return input_error(exc)
     summarize(final, record_path)
     return code
+
+
+def controller_env(cfg) -> dict[str, str]:
+    """Ray Train's own knobs, read by its controller: a silent worker fails after
+    failure.hang_timeout_s (Ray's default is 10 minutes)."""
+    return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(cfg.failure.hang_timeout_s)}
 
 
 def worker_env(trainer_cls: type[Trainer]) -> dict[str, str]:

@@ -64,14 +64,16 @@ def use_token_auth_if_available() -> None:
 class RaySession:
     """Context manager around ray.init / ray.shutdown."""
 
-    def __init__(self, cluster: ClusterConfig):
+    def __init__(self, cluster: ClusterConfig, env_vars: dict[str, str] | None = None):
         self.cluster = cluster
+        self.env_vars = env_vars or {}
         self.dashboard_url: str | None = None
         self.joined = cluster.address is not None
 
     def __enter__(self) -> RaySession:
         c = self.cluster
-        quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
+        quiet = {"logging_level": logging.WARNING, "log_to_driver": True,
+                 "runtime_env": {"env_vars": self.env_vars}}
         if self.joined:
             address = resolve_address(c.address)
             probe(address)

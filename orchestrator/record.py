@@ -9,6 +9,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.failure_policy import Verdict, WorkerError, classify
+
 SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|access_key|private_key)", re.I)
 REDACTED = "***"
 
@@ -45,9 +47,15 @@ class RunRecord:
     samples_per_s: float | None = None
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    workers: list[dict] = field(default_factory=list)  # the current group: rank, pid, node
+    failures: list[dict] = field(default_factory=list)  # worker exceptions, with the decision
+    preemption_notices: list[dict] = field(default_factory=list)
+    permanent_error: str | None = None  # the traceback of a failure that repeated
     started_at: float = field(default_factory=time.time)
     _first_group_at: float | None = None
     _last_step_at: float | None = None
+    _errors: list = field(default_factory=list)
+    _preempted_since_start: bool = False
 
     # -- events ------------------------------------------------------------------------
     def group_started(self, world_size: int, step: int, at: float) -> None:
@@ -55,7 +63,9 @@ class RunRecord:
             # Every start after the first restarts from a checkpoint; the steps done past
             # that checkpoint are computed twice.
             self.lost_steps += max(0, self.steps - step)
-            if world_size == self.world_sizes[-1]["size"]:
+            if self._preempted_since_start:
+                self._preempted_since_start = False  # counted as a preemption, not a restart
+            elif world_size == self.world_sizes[-1]["size"]:
                 self.restarts += 1
         else:
             self.resumed_from_step = step if step > 0 else None
@@ -77,6 +87,28 @@ class RunRecord:
 
     def warning(self, message: str) -> None:
         self.warnings.append(message)
+
+    def worker_started(self, rank: int, pid: int, node: str) -> None:
+        if any(w["rank"] == rank for w in self.workers):
+            self.workers = []  # a rank seen again: a new worker group has started
+        self.workers = sorted([*self.workers, {"rank": rank, "pid": pid, "node": node}],
+                              key=lambda w: w["rank"])
+
+    def worker_error(self, error: WorkerError) -> Verdict:
+        verdict = classify(self._errors, error)
+        self._errors.append(error)
+        self.failures.append({"rank": error.rank, "step": error.step, "error": error.kind,
+                              "message": error.message, "decision": verdict.reason})
+        if verdict.permanent and self.permanent_error is None:  # the first one is the cause
+            self.permanent_error = (f"worker rank {error.rank} at step {error.step}: "
+                                    f"{error.kind}: {error.message}\n{error.traceback}")
+        return verdict
+
+    def preemption_notice(self, step: int, deadline_s: float | None, nodes: list[str], at: float) -> None:
+        self.preemptions += 1
+        self._preempted_since_start = True
+        self.preemption_notices.append({"step": step, "deadline_in_s": deadline_s,
+                                        "nodes": nodes, "at_s": round(at - self.started_at, 3)})
 
     def worker_finished(self, step: int, metrics: dict, at: float) -> None:
         self.steps = step

@@ -11,6 +11,7 @@ import time
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from orchestrator.failure_policy import WorkerError
 from orchestrator.record import RunRecord
 
 WRITE_EVERY_S = 1.0
@@ -44,6 +45,23 @@ class RunRecorder:
 
     def warning(self, message: str) -> None:
         self.record.warning(message)
+        self._write(force=True)
+
+    def worker_started(self, rank: int, pid: int, node: str) -> None:
+        self.record.worker_started(rank, pid, node)
+        self._write(force=True)
+
+    def worker_error(self, error: WorkerError) -> bool:
+        """Record a worker's exception; True if it is permanent (do not retry)."""
+        verdict = self.record.worker_error(error)
+        self._write(force=True)
+        return verdict.permanent
+
+    def permanent_error(self) -> str | None:
+        return self.record.permanent_error
+
+    def preemption_notice(self, step: int, deadline_s: float | None, nodes: list[str], at: float) -> None:
+        self.record.preemption_notice(step, deadline_s, nodes, at)
         self._write(force=True)
 
     def worker_finished(self, step: int, metrics: dict, at: float) -> None:

@@ -31,8 +31,9 @@ class Trainer(ABC):
         """The Ray Train trainer that runs the workers (TorchTrainer, ...)."""
 
     @classmethod
-    def ray_trainer_kwargs(cls, config: Mapping[str, Any]) -> dict[str, Any]:
-        """Extra keyword arguments for that class (a backend config, say)."""
+    def ray_trainer_kwargs(cls, config: Mapping[str, Any], hang_timeout_s: float) -> dict[str, Any]:
+        """Extra keyword arguments for that class (a backend config with its collective
+        timeout, say: a stuck peer must not block the others for the framework's default)."""
         return {}
 
     @classmethod

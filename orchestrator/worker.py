@@ -7,7 +7,9 @@ per-worker state the trainer talks to.
 from __future__ import annotations
 
 import logging
+import os
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,7 @@ from orchestrator.checkpoint.store import CheckpointStore, open_source
 from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.data.datasets import load_dataset
 from orchestrator.data.order import DataOrder
+from orchestrator.failure_policy import WorkerError
 from orchestrator.storage import StorageSpec
 
 log = logging.getLogger("orchestrator.worker")
@@ -39,6 +42,8 @@ class WorkerSpec:
     resume_source: StorageSpec | None  # resume=<uri>, used while the run has no checkpoint
     seed: int
     recorder: Any  # the RunRecorder actor handle
+    preemption_check_steps: int = 10
+    preemption_wait_s: float = 30.0  # how long to wait for a notice without deadline
 
 
 class WorkerSession:
@@ -98,6 +103,8 @@ class WorkerSession:
         final = step >= self.total_steps
         if self.policy.should_save(step, now) or final:
             self.checkpoint(step)
+        elif step % self.spec.preemption_check_steps == 0:
+            self.check_preemption(step)
         if self.rank == 0:
             self._unsent_samples += samples
             first = self._last_progress == 0.0
@@ -121,6 +128,26 @@ class WorkerSession:
         self.committer.snapshot(step, files, meta, serialize_s=time.perf_counter() - started)
         self.policy.saved(step, time.monotonic())
 
+    def check_preemption(self, step: int) -> None:
+        """A barrier across workers (they all reach it at the same steps): on a notice, save
+        at this step boundary, wait for the upload, then hold still until the deadline so no
+        step is computed that the restart would have to compute again."""
+        info = ray.train.get_preemption_info()
+        if info is None:
+            return
+        deadline = info.deadline_ms / 1000 if info.deadline_ms else None
+        left = (deadline - time.time()) if deadline else None
+        if self.rank == 0:
+            log.warning("preemption notice for %s (deadline in %s s): checkpointing at step %d",
+                        info.preempted_node_ids, f"{left:.0f}" if left is not None else "?", step)
+            self.spec.recorder.preemption_notice.remote(step, left, info.preempted_node_ids,
+                                                        time.time())
+        self.checkpoint(step)
+        self.committer.flush()
+        until = deadline + 5.0 if deadline else time.time() + self.spec.preemption_wait_s
+        while time.time() < until:  # the drain ends this process; if not, training goes on
+            time.sleep(0.5)
+
     def _committed(self, done: Committed) -> None:
         ref = done.saved.ref
         self.spec.recorder.checkpoint.remote(ref.step, ref.uri, done.saved.bytes, done.save_s,
@@ -140,20 +167,29 @@ def train_loop_per_worker(config: dict) -> None:
     """The function Ray Train runs on every worker."""
     spec: WorkerSpec = config["spec"]
     ctx = ray.train.get_context()
-    session = WorkerSession(spec, ctx.get_world_rank(), ctx.get_world_size())
-    trainer = get_class(spec.trainer["_target_"])(spec.trainer, session)
-    session.trainer = trainer
-    dataset = load_dataset(spec.data, spec.seed, spec.run_storage)
-    session.total_steps = trainer.setup(dataset)
-    start = session.restore(trainer)
-    session.step = start
-    if session.rank == 0:
-        spec.recorder.group_started.remote(session.world_size, start, time.time())
-    try:
+    rank = ctx.get_world_rank()
+    spec.recorder.worker_started.remote(rank, os.getpid(), ray.get_runtime_context().get_node_id())
+    if ray.get(spec.recorder.permanent_error.remote()):
+        return  # a failure repeated: the driver reports it; restarting again would not help
+    session = WorkerSession(spec, rank, ctx.get_world_size())
+    try:  # an exception from the trainer's code (setup included) is recorded, then re-raised
+        trainer = get_class(spec.trainer["_target_"])(spec.trainer, session)
+        session.trainer = trainer
+        dataset = load_dataset(spec.data, spec.seed, spec.run_storage)
+        session.total_steps = trainer.setup(dataset)
+        start = session.restore(trainer)
+        session.step = start
+        if session.rank == 0:
+            spec.recorder.group_started.remote(session.world_size, start, time.time())
         if start < session.total_steps:
             trainer.train(start)
         elif session.rank == 0:
             print(f"run already complete at step {start}; evaluating", flush=True)
+    except Exception as exc:
+        error = WorkerError(rank, session.step, type(exc).__name__,
+                            (str(exc).strip().splitlines() or [""])[0][:300], traceback.format_exc())
+        ray.get(spec.recorder.worker_error.remote(error))
+        raise
     finally:
         session.close()
     metrics = trainer.evaluate()

@@ -40,11 +40,12 @@ class DDPTrainer(Trainer):
         return ray.train.torch.TorchTrainer
 
     @classmethod
-    def ray_trainer_kwargs(cls, config: Mapping[str, Any]) -> dict[str, Any]:
+    def ray_trainer_kwargs(cls, config: Mapping[str, Any], hang_timeout_s: float) -> dict[str, Any]:
         backend = config.get("backend", "auto")
-        if backend == "auto":
-            return {}  # Ray picks nccl with GPUs, gloo on CPU
-        return {"torch_config": ray.train.torch.TorchConfig(backend=backend)}
+        # None lets Ray pick nccl with GPUs and gloo on CPU.
+        torch_config = ray.train.torch.TorchConfig(
+            backend=None if backend == "auto" else backend, timeout_s=int(hang_timeout_s))
+        return {"torch_config": torch_config}
 
     @classmethod
     def check_config(cls, config: Mapping[str, Any]) -> None:

@@ -1,0 +1,36 @@
+"""Is a worker's exception worth another restart? A pure decision over the failure history.
+
+A lost process or node is retried (Ray Train restarts the group from the newest checkpoint).
+An exception raised by the training code that repeats at the same step, with the same type
+and message, is a bug, not bad luck: the run stops there instead of burning every restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerError:
+    rank: int
+    step: int  # steps completed when it was raised
+    kind: str  # exception type name
+    message: str  # its first line
+    traceback: str
+
+    def same_failure(self, other: WorkerError) -> bool:
+        return (self.step, self.kind, self.message) == (other.step, other.kind, other.message)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    permanent: bool
+    reason: str
+
+
+def classify(history: list[WorkerError], new: WorkerError) -> Verdict:
+    repeats = [e for e in history if e.same_failure(new)]
+    if repeats:
+        return Verdict(True, f"PERMANENT, since {new.kind} at step {new.step} happened "
+                             f"{len(repeats) + 1} times in a row of restarts")
+    return Verdict(False, f"RETRY, since {new.kind} at step {new.step} is new")

@@ -1,0 +1,121 @@
+"""Faults on real Ray: a killed worker, a hung worker, a bug that repeats; and the decisions."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from orchestrator.checkpoint.store import CheckpointStore
+from orchestrator.failure_policy import WorkerError, classify
+from orchestrator.storage import StorageSpec
+from tests.conftest import REPO, cli_command, cli_env, run_cli
+
+
+def error(step=35, kind="ValueError", message="bad batch", rank=0) -> WorkerError:
+    return WorkerError(rank, step, kind, message, "Traceback ...")
+
+
+@pytest.mark.parametrize(
+    "history, new, permanent",
+    [
+        ([], error(), False),
+        ([error()], error(), True),
+        ([error(step=20)], error(step=35), False),  # another step: bad luck, retry
+        ([error(kind="RuntimeError")], error(), False),
+        ([error(message="other")], error(), False),
+        ([error(rank=1)], error(rank=0), True),  # the same bug, wherever it shows up
+    ],
+)
+def test_a_failure_is_permanent_when_it_repeats_at_the_same_step(history, new, permanent):
+    verdict = classify(history, new)
+    assert verdict.permanent is permanent
+    assert verdict.reason.startswith("PERMANENT" if permanent else "RETRY")
+
+
+def read_record(run_dir) -> dict:
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def start_run(run_dir, *overrides) -> subprocess.Popen:
+    return subprocess.Popen(cli_command(run_dir, *overrides), cwd=REPO, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, run_dir, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rec = read_record(run_dir)
+        if rec and predicate(rec):
+            return rec
+        time.sleep(0.2)
+    raise AssertionError(f"timed out; record: {read_record(run_dir)}")
+
+
+def final_model(storage, run_name):
+    store = CheckpointStore(StorageSpec(str(storage / run_name)))
+    return torch.load(io.BytesIO(store.load(store.latest())[0]["model.pt"]), weights_only=True)
+
+
+def test_a_bug_that_repeats_stops_the_run_without_burning_every_restart(ray_head, tmp_path):
+    result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}",
+                     f"storage.uri={tmp_path / 'ckpt'}", "failure.max_restarts=5",
+                     "trainer._target_=tests.user_trainers.FailsAtStep35",
+                     "checkpoint.every_steps=10", "trainer.max_steps=100")
+    assert result.returncode == 1, result.output[-3000:]
+    rec = result.record
+    assert rec["status"] == "failed" and rec["restarts"] == 1  # not 5
+    assert "ValueError: bad batch at step 35" in rec["error"] and "Traceback" in rec["error"]
+    assert [f["step"] for f in rec["failures"] if f["error"] == "ValueError"] == [35, 35]
+    assert "error: training failed permanently" in result.stderr
+    assert "worker rank 0 at step 35: ValueError" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_the_run_ends_bit_identical(ray_head, tmp_path):
+    storage = tmp_path / "ckpt"
+    common = [f"cluster.address={ray_head.address}", f"storage.uri={storage}",
+              "trainer.epochs=150", "checkpoint.every_steps=100"]
+    proc = start_run(tmp_path / "a", *common, "run.name=killed")
+    rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, tmp_path / "a")
+    victim = rec["workers"][1]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    rec = read_record(tmp_path / "a")
+    assert rec["status"] == "succeeded" and rec["restarts"] == 1
+    assert [w["size"] for w in rec["world_sizes"]] == [2, 2]
+    assert victim not in [w["pid"] for w in rec["workers"]]
+    assert 0 <= rec["lost_steps"] <= 100  # at most one checkpoint interval
+    straight = run_cli(tmp_path / "b", *common, "run.name=straight")
+    assert straight.returncode == 0, straight.output[-3000:]
+    a, b = final_model(storage, "killed"), final_model(storage, "straight")
+    assert all(torch.equal(a[k], b[k]) for k in a), "a killed-and-resumed run differs"
+
+
+@pytest.mark.slow
+def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
+    proc = start_run(tmp_path / "a", f"cluster.address={ray_head.address}",
+                     f"storage.uri={tmp_path / 'ckpt'}", "trainer.epochs=150",
+                     "checkpoint.every_steps=100", "failure.hang_timeout_s=10")
+    rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, tmp_path / "a")
+    victim = rec["workers"][1]["pid"]
+    os.kill(victim, signal.SIGSTOP)
+    stopped_at = time.time()
+    rec = wait_for(lambda r: len(r.get("world_sizes", [])) == 2, tmp_path / "a")
+    detected_in = time.time() - stopped_at
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    rec = read_record(tmp_path / "a")
+    assert rec["status"] == "succeeded" and rec["restarts"] == 1
+    # Detected after the 10 s timeout, not torch's 30-minute default (plus a group restart).
+    assert detected_in < 10 + 60, detected_in
