@@ -74,7 +74,7 @@ def start_head(tmp: Path, num_cpus: int = 2) -> RayHead:
         [RAY, "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
          "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
          f"--dashboard-port={dash}", "--disable-usage-stats"],
-        stdout=log, stderr=subprocess.STDOUT, env=cli_env(), start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, env=node_env(), start_new_session=True,
     )
     deadline = time.time() + 90
     while time.time() < deadline:
@@ -85,6 +85,30 @@ def start_head(tmp: Path, num_cpus: int = 2) -> RayHead:
         time.sleep(0.5)
     stop_head(proc)
     raise RuntimeError("ray start --head did not come up in 90 s")
+
+
+def node_env() -> dict:
+    """`ray start --address` must use token auth exactly when the head does: the head turns it
+    on when ~/.ray/auth_token exists, a joining node (Ray 2.60) does not by itself."""
+    token = Path.home() / ".ray" / "auth_token"
+    return cli_env({"RAY_AUTH_MODE": "token"} if token.exists() else {})
+
+
+def add_node(head: RayHead, tmp: Path, num_cpus: int = 2) -> subprocess.Popen:
+    """A worker node (its own raylet) joining the head; stop it like the head."""
+    log_path = tmp / f"ray-node-{time.time_ns()}.log"
+    proc = subprocess.Popen(
+        [RAY, "start", "--block", f"--address={head.address}", f"--num-cpus={num_cpus}",
+         "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
+        stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=node_env(), start_new_session=True,
+    )
+    deadline = time.time() + 90
+    while "block forever" not in log_path.read_text():
+        if proc.poll() is not None or time.time() > deadline:
+            stop_head(proc)
+            raise RuntimeError(f"ray start --address failed: {log_path.read_text()[-2000:]}")
+        time.sleep(0.5)
+    return proc
 
 
 def stop_head(proc: subprocess.Popen) -> None:
