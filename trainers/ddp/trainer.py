@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping
-from importlib.util import find_spec
 from typing import Any
 
-import numpy as np
 import ray.train.torch
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
 from orchestrator.data.order import step_seed
-from orchestrator.errors import ConfigError
 from orchestrator.trainer_api import Trainer
+from trainers.neural import check_model_target, standardize, total_steps
 
 
 def to_bytes(obj: Any) -> bytes:
@@ -49,10 +47,7 @@ class DDPTrainer(Trainer):
 
     @classmethod
     def check_config(cls, config: Mapping[str, Any]) -> None:
-        target = config["model"]["_target_"]
-        module = target.rpartition(".")[0]
-        if not module or find_spec(module) is None:
-            raise ConfigError(f"trainer.model._target_={target!r}: no module {module!r} to import")
+        check_model_target(config)
 
     # -- worker side ---------------------------------------------------------------------
     def setup(self, data) -> int:
@@ -61,19 +56,15 @@ class DDPTrainer(Trainer):
         model_cfg = {k: v for k, v in cfg["model"].items()}
         self.module = instantiate(model_cfg, in_features=data.num_features,
                                   num_classes=data.num_classes, _convert_="all")
-        mean, std = data.x_train.mean(0), data.x_train.std(0)
-        std = np.where(std < 1e-6, 1.0, std).astype(np.float32)  # constant columns stay put
-        self.x_train = torch.from_numpy((data.x_train - mean) / std)
-        self.y_train = torch.from_numpy(data.y_train)
-        self.x_test = torch.from_numpy((data.x_test - mean) / std)
-        self.y_test = torch.from_numpy(data.y_test)
+        x_train, x_test = standardize(data.x_train, data.x_test)
+        self.x_train, self.x_test = torch.from_numpy(x_train), torch.from_numpy(x_test)
+        self.y_train, self.y_test = torch.from_numpy(data.y_train), torch.from_numpy(data.y_test)
         self.model = ray.train.torch.prepare_model(self.module)
         self.device = next(self.module.parameters()).device
         self.optimizer = self._optimizer()
         self.batch_size = int(cfg["batch_size"])
         self.order = s.data_order(len(self.y_train), self.batch_size)
-        total = int(cfg["epochs"]) * self.order.steps_per_epoch
-        return min(total, int(cfg["max_steps"])) if cfg.get("max_steps") else total
+        return total_steps(cfg, self.order.steps_per_epoch)
 
     def _optimizer(self) -> torch.optim.Optimizer:
         cfg, params = self.config, self.module.parameters()

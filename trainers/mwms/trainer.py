@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping
-from importlib.util import find_spec
 from typing import Any
 
 import numpy as np
@@ -18,8 +17,8 @@ import tensorflow as tf
 from hydra.utils import instantiate
 
 import trainers.mwms  # noqa: F401  (tf-keras before tensorflow)
-from orchestrator.errors import ConfigError
 from orchestrator.trainer_api import Trainer
+from trainers.neural import check_model_target, standardize, total_steps
 
 
 def pack(arrays: list[np.ndarray]) -> bytes:
@@ -51,10 +50,7 @@ class MWMSTrainer(Trainer):
 
     @classmethod
     def check_config(cls, config: Mapping[str, Any]) -> None:
-        target = config["model"]["_target_"]
-        module = target.rpartition(".")[0]
-        if not module or find_spec(module) is None:
-            raise ConfigError(f"trainer.model._target_={target!r}: no module {module!r} to import")
+        check_model_target(config)
 
     def setup(self, data) -> int:
         cfg, s = self.config, self.session
@@ -68,16 +64,11 @@ class MWMSTrainer(Trainer):
             else:
                 self.optimizer = tf.keras.optimizers.Adam(cfg["lr"])
             self.optimizer.build(self.model.trainable_variables)
-        mean, std = data.x_train.mean(0), data.x_train.std(0)
-        std = np.where(std < 1e-6, 1.0, std).astype(np.float32)
-        self.x_train = ((data.x_train - mean) / std).astype(np.float32)
-        self.y_train = data.y_train
-        self.x_test = ((data.x_test - mean) / std).astype(np.float32)
-        self.y_test = data.y_test
+        self.x_train, self.x_test = standardize(data.x_train, data.x_test)
+        self.y_train, self.y_test = data.y_train, data.y_test
         self.batch_size = int(cfg["batch_size"])
         self.order = s.data_order(len(self.y_train), self.batch_size)
-        total = int(cfg["epochs"]) * self.order.steps_per_epoch
-        return min(total, int(cfg["max_steps"])) if cfg.get("max_steps") else total
+        return total_steps(cfg, self.order.steps_per_epoch)
 
     def _replica_step(self, x, y):
         with tf.GradientTape() as tape:
