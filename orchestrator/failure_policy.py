@@ -28,8 +28,10 @@ class Verdict:
     reason: str
 
 
-def classify(history: list[WorkerError], new: WorkerError) -> Verdict:
-    repeats = [e for e in history if e.same_failure(new)]
+def classify(earlier_attempts: list[WorkerError], new: WorkerError) -> Verdict:
+    """earlier_attempts: the errors of worker groups before the one that raised ``new`` (the
+    other ranks of the same group often fail alike at once; that is not a repeat)."""
+    repeats = [e for e in earlier_attempts if e.same_failure(new)]
     if repeats:
         return Verdict(True, f"PERMANENT, since {new.kind} at step {new.step} happened "
                              f"{len(repeats) + 1} times in a row of restarts")

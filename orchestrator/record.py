@@ -54,7 +54,8 @@ class RunRecord:
     started_at: float = field(default_factory=time.time)
     _first_group_at: float | None = None
     _last_step_at: float | None = None
-    _errors: list = field(default_factory=list)
+    _errors: list = field(default_factory=list)  # (worker group index, WorkerError)
+    _group: int = 0  # worker groups seen so far (the first worker of each one counts it)
     _preempted_since_start: bool = False
 
     # -- events ------------------------------------------------------------------------
@@ -89,14 +90,15 @@ class RunRecord:
         self.warnings.append(message)
 
     def worker_started(self, rank: int, pid: int, node: str) -> None:
-        if any(w["rank"] == rank for w in self.workers):
-            self.workers = []  # a rank seen again: a new worker group has started
+        if not self.workers or any(w["rank"] == rank for w in self.workers):
+            self.workers = []  # the first worker, or a rank seen again: a new worker group
+            self._group += 1
         self.workers = sorted([*self.workers, {"rank": rank, "pid": pid, "node": node}],
                               key=lambda w: w["rank"])
 
     def worker_error(self, error: WorkerError) -> Verdict:
-        verdict = classify(self._errors, error)
-        self._errors.append(error)
+        verdict = classify([e for group, e in self._errors if group < self._group], error)
+        self._errors.append((self._group, error))
         self.failures.append({"rank": error.rank, "step": error.step, "error": error.kind,
                               "message": error.message, "decision": verdict.reason})
         if verdict.permanent and self.permanent_error is None:  # the first one is the cause

@@ -49,3 +49,17 @@ def test_elastic_scaling_asks_for_a_range():
     kwargs = scaling_kwargs(ClusterConfig(workers=8, min_workers=2, resize_check_s=5), 2.0)
     assert kwargs["num_workers"] == (2, 8) and kwargs["elastic_resize_monitor_interval_s"] == 5
     assert scaling_kwargs(ClusterConfig(workers=3), 2.0)["num_workers"] == 3
+
+
+def test_ranks_failing_alike_in_one_group_are_not_a_repeat():
+    from orchestrator.failure_policy import WorkerError
+
+    rec = RunRecord("r", "ddp", {}, "/ck")
+    for rank in (0, 1):
+        rec.worker_started(rank, 100 + rank, "node")
+    same = [WorkerError(r, 265, "RuntimeError", "Connection reset by peer", "tb") for r in (1, 3)]
+    assert not rec.worker_error(same[0]).permanent
+    assert not rec.worker_error(same[1]).permanent  # the same group: collateral, not a repeat
+    for rank in (0, 1):
+        rec.worker_started(rank, 200 + rank, "node")  # the next group
+    assert rec.worker_error(same[0]).permanent and rec.permanent_error.startswith("worker rank 1")

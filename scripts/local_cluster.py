@@ -1,0 +1,94 @@
+"""A multi-node Ray cluster on this machine: a head and worker nodes started with `ray start`
+on 127.0.0.1, each a real raylet that can be killed, drained (SIGTERM) or added.
+
+Used by the test suite and scripts/chaos.py. Every process is stopped by its own pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class RayHead:
+    address: str
+    dashboard: str
+    process: subprocess.Popen
+
+
+def start_head(tmp: Path, num_cpus: int = 2) -> RayHead:
+    port, dash = free_port(), free_port()
+    log = open(tmp / "ray-head.log", "w")
+    proc = subprocess.Popen(
+        [RAY, "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
+         "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={dash}", "--disable-usage-stats"],
+        stdout=log, stderr=subprocess.STDOUT, env=node_env(), start_new_session=True,
+    )
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited: {(tmp / 'ray-head.log').read_text()[-2000:]}")
+        if "block forever" in (tmp / "ray-head.log").read_text():
+            return RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", proc)
+        time.sleep(0.5)
+    stop_head(proc)
+    raise RuntimeError("ray start --head did not come up in 90 s")
+
+
+def node_env() -> dict:
+    """`ray start --address` must use token auth exactly when the head does: the head turns it
+    on when ~/.ray/auth_token exists, a joining node (Ray 2.60) does not by itself."""
+    token = Path.home() / ".ray" / "auth_token"
+    return clean_env({"RAY_AUTH_MODE": "token"} if token.exists() else {})
+
+
+def add_node(head: RayHead, tmp: Path, num_cpus: int = 2) -> subprocess.Popen:
+    """A worker node (its own raylet) joining the head; stop it like the head."""
+    log_path = tmp / f"ray-node-{time.time_ns()}.log"
+    proc = subprocess.Popen(
+        [RAY, "start", "--block", f"--address={head.address}", f"--num-cpus={num_cpus}",
+         "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
+        stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=node_env(), start_new_session=True,
+    )
+    deadline = time.time() + 90
+    while "block forever" not in log_path.read_text():
+        if proc.poll() is not None or time.time() > deadline:
+            stop_head(proc)
+            raise RuntimeError(f"ray start --address failed: {log_path.read_text()[-2000:]}")
+        time.sleep(0.5)
+    return proc
+
+
+def stop_head(proc: subprocess.Popen) -> None:
+    """SIGTERM makes `ray start --block` stop every process it started; ours only."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
