@@ -64,13 +64,13 @@ def launch(run_dir: Path, address: str, storage: Path, overrides: list[str], nam
 
 
 def node_of(pid: int, nodes: list[subprocess.Popen]) -> subprocess.Popen | None:
-    """Each `ray start` runs in its own session: a worker belongs to the node whose process
-    group it is in."""
+    """Each `ray start` runs in a session of its own (its pid is the session id), and the
+    workers its raylet starts stay in that session (each in its own process group)."""
     try:
-        group = os.getpgid(pid)
+        session = os.getsid(pid)
     except ProcessLookupError:
         return None
-    return next((n for n in nodes if n.pid == group), None)
+    return next((n for n in nodes if n.pid == session), None)
 
 
 def inject(kind: str, rec: dict, nodes: list, head, tmp: Path, rng: random.Random) -> str:
