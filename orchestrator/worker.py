@@ -61,6 +61,7 @@ class WorkerSession:
         self._unsent_samples = 0
         self._last_log = time.monotonic()
         self._protect: set[int] = set()  # the checkpoint this attempt resumed from
+        self._last_saved = -1
         self.committer = Committer(self.store, spec.checkpoint.async_upload,
                                    on_commit=self._committed, on_failure=self._not_committed,
                                    backoff=Backoff(deadline_s=spec.checkpoint.upload_retry_s))
@@ -103,7 +104,9 @@ class WorkerSession:
         final = step >= self.total_steps
         if self.policy.should_save(step, now) or final:
             self.checkpoint(step)
-        elif step % self.spec.preemption_check_steps == 0:
+        # Apart from the save decision (every_seconds reads each rank's own clock): this is a
+        # barrier, and every rank must reach it at the same steps.
+        if not final and step % self.spec.preemption_check_steps == 0:
             self.check_preemption(step)
         if self.rank == 0:
             self._unsent_samples += samples
@@ -118,6 +121,7 @@ class WorkerSession:
                 self._last_log = now
 
     def checkpoint(self, step: int) -> None:
+        self._last_saved = step  # on every rank, so that all agree on what was saved
         if not self.saves:
             return
         started = time.perf_counter()
@@ -142,7 +146,8 @@ class WorkerSession:
                         info.preempted_node_ids, f"{left:.0f}" if left is not None else "?", step)
             self.spec.recorder.preemption_notice.remote(step, left, info.preempted_node_ids,
                                                         time.time())
-        self.checkpoint(step)
+        if self._last_saved != step:
+            self.checkpoint(step)
         self.committer.flush()
         until = deadline + 5.0 if deadline else time.time() + self.spec.preemption_wait_s
         while time.time() < until:  # the drain ends this process; if not, training goes on
