@@ -76,9 +76,11 @@ def _parquet_dataset(cfg: DataConfig, storage: StorageSpec | None):
         raise ConfigError(f"data.path={cfg.path!r}: no parquet data there ({reason})") from exc
 
 
-def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None) -> None:
-    """Check the schema only (cheap): the label exists and every feature is numeric."""
-    schema = _parquet_dataset(cfg, storage).schema
+def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None):
+    """Check the schema only (cheap): the label exists and every feature is numeric.
+    Returns the opened dataset, so a reader does not discover the files a second time."""
+    dataset = _parquet_dataset(cfg, storage)
+    schema = dataset.schema
     if cfg.label not in schema.names:
         raise ConfigError(
             f"data.label={cfg.label!r} is not a column of {cfg.path}: columns are "
@@ -91,11 +93,11 @@ def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None) -> None:
                 f"data.path={cfg.path!r}: feature column {fld.name!r} is {fld.type}, "
                 "only numeric feature columns are allowed"
             )
+    return dataset
 
 
 def read_parquet(cfg: DataConfig, storage: StorageSpec | None):
-    check_parquet(cfg, storage)
-    table = _parquet_dataset(cfg, storage).to_table()
+    table = check_parquet(cfg, storage).to_table()
     names = [n for n in table.column_names if n != cfg.label]
     x = np.column_stack([table[n].to_numpy(zero_copy_only=False) for n in names]).astype(np.float32)
     labels = table[cfg.label].to_numpy(zero_copy_only=False)

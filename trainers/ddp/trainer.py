@@ -53,8 +53,7 @@ class DDPTrainer(Trainer):
     def setup(self, data) -> int:
         cfg, s = self.config, self.session
         torch.manual_seed(s.seed)  # the same initial weights on every rank and every attempt
-        model_cfg = {k: v for k, v in cfg["model"].items()}
-        self.module = instantiate(model_cfg, in_features=data.num_features,
+        self.module = instantiate(dict(cfg["model"]), in_features=data.num_features,
                                   num_classes=data.num_classes, _convert_="all")
         x_train, x_test = standardize(data.x_train, data.x_test)
         self.x_train, self.x_test = torch.from_numpy(x_train), torch.from_numpy(x_test)
