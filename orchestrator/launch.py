@@ -15,6 +15,8 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
+from orchestrator.observe.logs import train_logging
+from orchestrator.observe.progress import ProgressWatcher, make_display
 from orchestrator.ray_session import RaySession
 from orchestrator.record import RunRecord, redact
 from orchestrator.recorder import start_recorder
@@ -58,24 +60,36 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     record = RunRecord(plan.run_name, trainer_cfg.get("name", trainer_cls.__name__), config,
                        plan.run_storage.uri, started_at=started_at)
     record_path = output_dir / "run.json"
+    tensorboard_dir = output_dir / "tensorboard" if cfg.log.tensorboard else None
     try:
-        with RaySession(cfg.cluster, controller_env(cfg)) as session:
+        with RaySession(cfg.cluster, controller_env(cfg), cfg.log.ray_verbose) as session:
             if session.dashboard_url:
-                log.info("Ray dashboard: %s (token in ~/.ray/auth_token)", session.dashboard_url)
+                log.info("Ray dashboard: %s (%s)", session.dashboard_url,
+                         session.dashboard_token_hint())
+            metrics_url = session.metrics_url() if cfg.log.metrics else None
+            if metrics_url:
+                log.info("metrics: %s (orchestrator_* series, Prometheus format)", metrics_url)
             where = f"resuming at step {plan.resume_step}" if plan.resume_step else "from scratch"
             log.info("run %s: %s, checkpoints in %s", plan.run_name, where, plan.run_storage.uri)
             log.info("run record: %s", record_path)
-            recorder = start_recorder(str(record_path), record)
+            if tensorboard_dir:
+                log.info("TensorBoard: tensorboard --logdir %s", tensorboard_dir)
+            recorder = start_recorder(str(record_path), record,
+                                      str(tensorboard_dir) if tensorboard_dir else None,
+                                      cfg.log.metrics)
             spec = WorkerSpec(trainer_cfg, cfg.data, cfg.checkpoint, plan.run_storage,
                               plan.resume_source, cfg.seed, recorder,
                               cfg.failure.preemption_check_steps, cfg.failure.hang_timeout_s)
-            scaling = ScalingConfig(**scaling_kwargs(cfg.cluster, session.total_cpus()))
+            scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
+            scaling = ScalingConfig(**scaling_args)
+            log.info("asking Ray for %s", describe_workers(scaling_args))
             run_config = RunConfig(
                 name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
                 storage_path=str(output_dir / "ray_train"),
                 failure_config=FailureConfig(max_failures=cfg.failure.max_restarts,
                                              max_preemption_failures=cfg.failure.max_preemptions),
                 worker_runtime_env={"env_vars": worker_env(trainer_cls)},
+                logging_config=train_logging(cfg.log.ray_verbose),
             )
             ray_trainer = trainer_cls.ray_trainer_class()(
                 train_loop_per_worker,
@@ -84,7 +98,10 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                 run_config=run_config,
                 **trainer_cls.ray_trainer_kwargs(trainer_cfg, cfg.failure.hang_timeout_s),
             )
-            code, status, error = run_to_end(ray_trainer)
+            display = make_display(cfg.log.progress, trainer_cls.step_unit,
+                                   cfg.log.progress_every_s)
+            with ProgressWatcher(snapshots(recorder), display):
+                code, status, error = run_to_end(ray_trainer)
             permanent = ray.get(recorder.permanent_error.remote())
             if permanent:
                 code, status, error = 1, "failed", permanent
@@ -95,6 +112,20 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
         return input_error(exc)
     summarize(final, record_path)
     return code
+
+
+def snapshots(recorder):
+    def poll(cursor: int):
+        return ray.get(recorder.snapshot.remote(cursor), timeout=30)
+
+    return poll
+
+
+def describe_workers(scaling: dict) -> str:
+    """`{'CPU': 0.5} * 4 workers`, or `* 2..8 workers (elastic)`."""
+    n = scaling["num_workers"]
+    count = f"{n[0]}..{n[1]} workers (elastic)" if isinstance(n, tuple) else f"{n} workers"
+    return f"{scaling['resources_per_worker']} * {count}"
 
 
 def controller_env(cfg) -> dict[str, str]:

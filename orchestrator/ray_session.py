@@ -11,6 +11,7 @@ import ray
 
 from orchestrator.config.schema import ClusterConfig
 from orchestrator.errors import ConfigError
+from orchestrator.observe.logs import quiet_ray_loggers, ray_init_kwargs
 
 log = logging.getLogger("orchestrator")
 
@@ -64,16 +65,18 @@ def use_token_auth_if_available() -> None:
 class RaySession:
     """Context manager around ray.init / ray.shutdown."""
 
-    def __init__(self, cluster: ClusterConfig, env_vars: dict[str, str] | None = None):
+    def __init__(self, cluster: ClusterConfig, env_vars: dict[str, str] | None = None,
+                 verbose: bool = False):
         self.cluster = cluster
         self.env_vars = env_vars or {}
+        self.verbose = verbose  # log.ray_verbose: Ray's own output in the terminal
         self.dashboard_url: str | None = None
         self.joined = cluster.address is not None
 
     def __enter__(self) -> RaySession:
         c = self.cluster
-        quiet = {"logging_level": logging.WARNING, "log_to_driver": True,
-                 "runtime_env": {"env_vars": self.env_vars}}
+        quiet_ray_loggers(self.verbose)
+        quiet = {**ray_init_kwargs(self.verbose), "runtime_env": {"env_vars": self.env_vars}}
         if self.joined:
             address = resolve_address(c.address)
             probe(address)
@@ -99,3 +102,27 @@ class RaySession:
     @staticmethod
     def total_cpus() -> float:
         return float(ray.cluster_resources().get("CPU", 1.0))
+
+    @staticmethod
+    def metrics_url() -> str | None:
+        """The Prometheus endpoint of this node's Ray metrics agent (where the recorder's
+        metrics are exported), or None when metrics collection is off."""
+        here = ray.get_runtime_context().get_node_id()
+        for node in ray.nodes():
+            port = node.get("MetricsExportPort") or 0
+            if node.get("NodeID") == here and port > 0:
+                return f"http://{node['NodeManagerAddress']}:{port}/metrics"
+        return None
+
+    @staticmethod
+    def dashboard_token_hint() -> str:
+        """How to sign in to the dashboard: Ray 2.60 turns token authentication on."""
+        from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+        if not is_token_auth_enabled():
+            return "no token needed"
+        if os.environ.get("RAY_AUTH_TOKEN"):
+            where = "$RAY_AUTH_TOKEN"
+        else:
+            where = os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token"
+        return f"sign in with the token in {where}, or run `ray get-auth-token`"

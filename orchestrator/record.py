@@ -38,6 +38,7 @@ class RunRecord:
     preemptions: int = 0
     checkpoints: list[dict] = field(default_factory=list)
     steps: int = 0
+    total_steps: int | None = None
     lost_steps: int = 0
     samples: int = 0
     metrics: dict = field(default_factory=dict)
@@ -59,20 +60,29 @@ class RunRecord:
     _preempted_since_start: bool = False
 
     # -- events ------------------------------------------------------------------------
-    def group_started(self, world_size: int, step: int, at: float) -> None:
+    def group_started(self, world_size: int, step: int, at: float,
+                      total_steps: int | None = None) -> str:
+        """Record a worker group's start; say why it started: start, preemption, restart, resize."""
+        kind = "start"
         if self.world_sizes:
             # Every start after the first restarts from a checkpoint; the steps done past
             # that checkpoint are computed twice.
             self.lost_steps += max(0, self.steps - step)
             if self._preempted_since_start:
                 self._preempted_since_start = False  # counted as a preemption, not a restart
+                kind = "preemption"
             elif world_size == self.world_sizes[-1]["size"]:
                 self.restarts += 1
+                kind = "restart"
+            else:
+                kind = "resize"
         else:
             self.resumed_from_step = step if step > 0 else None
             self._first_group_at = at
         self.world_sizes.append({"size": world_size, "step": step, "at_s": round(at - self.started_at, 3)})
         self.steps = step
+        self.total_steps = total_steps or self.total_steps
+        return kind
 
     def progress(self, step: int, samples: int, metrics: dict, at: float) -> None:
         if self.time_to_first_step_s is None:

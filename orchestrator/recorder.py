@@ -1,7 +1,8 @@
 """A Ray actor on the driver's node that keeps the run record and writes run.json as it goes.
 
 Workers send it events (fire and forget); it lives on the driver's node because the run
-directory is there.
+directory is there. It is also where the run becomes visible: Ray metrics, TensorBoard
+curves, and the notices and progress the driver prints (see orchestrator/observe/).
 """
 
 from __future__ import annotations
@@ -12,16 +13,39 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.failure_policy import WorkerError
+from orchestrator.observe.progress import ProgressState
+from orchestrator.observe.rate import Rate
 from orchestrator.record import RunRecord
 
 WRITE_EVERY_S = 1.0
 
 
+def size(nbytes: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if nbytes < 1024 or unit == "GB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return ""
+
+
 @ray.remote(num_cpus=0)
 class RunRecorder:
-    def __init__(self, path: str, record: RunRecord):
+    def __init__(self, path: str, record: RunRecord, tensorboard_dir: str | None = None,
+                 metrics: bool = True):
         self.path = path
         self.record = record
+        self.rate = Rate()
+        self.notices: list[tuple[str, str]] = []  # (level, message) for the driver to print
+        self.curves = None
+        if tensorboard_dir:
+            from orchestrator.observe.curves import Curves
+
+            self.curves = Curves(tensorboard_dir)
+        self.metrics = None
+        if metrics:
+            from orchestrator.observe.metrics import RunMetrics
+
+            self.metrics = RunMetrics(record.run_name, record.trainer)
         self._written = 0.0
         self._write(force=True)
 
@@ -29,23 +53,68 @@ class RunRecorder:
         now = time.monotonic()
         if force or now - self._written >= WRITE_EVERY_S:
             self.record.write(self.path)
+            if self.curves:
+                self.curves.flush()
             self._written = now
+        if self.metrics:
+            self.metrics.update(self.record, self.rate.samples_per_s(), self.rate.step_s())
 
-    def group_started(self, world_size: int, step: int, at: float) -> None:
-        self.record.group_started(world_size, step, at)
+    def _notice(self, message: str, level: str = "INFO") -> None:
+        self.notices.append((level, message))
+
+    def group_started(self, world_size: int, step: int, at: float,
+                      total_steps: int | None = None) -> None:
+        before = self.record.world_sizes[-1]["size"] if self.record.world_sizes else 0
+        lost = self.record.lost_steps
+        kind = self.record.group_started(world_size, step, at, total_steps)
+        self.rate.reset()
+        workers = f"{world_size} worker{'s' if world_size != 1 else ''}"
+        if kind == "start":
+            verb = f"resuming at step {step}" if step else "from step 0"
+            self._notice(f"{workers} started, training {verb} of {total_steps}")
+        elif kind == "restart":
+            again = self.record.lost_steps - lost
+            self._notice(f"restart {self.record.restarts} after a worker failure: {workers} resume "
+                         f"from the checkpoint at step {step} ({again} steps to compute again)",
+                         "WARNING")
+        elif kind == "preemption":
+            self._notice(f"after the preemption: {workers} resume at step {step}", "WARNING")
+        else:
+            self._notice(f"resized from {before} to {world_size} workers at step {step}", "WARNING")
         self._write(force=True)
 
-    def progress(self, step: int, samples: int, metrics: dict, at: float) -> None:
+    def progress(self, step: int, samples: int, metrics: dict, at: float,
+                 points: list | None = None) -> None:
         self.record.progress(step, samples, metrics, at)
+        self.rate.add(at, step, samples)
+        if self.curves:
+            for point_step, point_metrics in points or [(step, metrics)]:
+                self.curves.add(point_step, {f"train/{k}": v for k, v in point_metrics.items()}, at)
+            self.curves.add(step, {"perf/samples_per_s": self.rate.samples_per_s(),
+                                   "perf/step_seconds": self.rate.step_s(),
+                                   "cluster/world_size": self._world_size()}, at)
         self._write()
+
+    def _world_size(self) -> int | None:
+        return self.record.world_sizes[-1]["size"] if self.record.world_sizes else None
 
     def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float) -> None:
         self.record.checkpoint(step, uri, nbytes, save_s, upload_s)
+        self._notice(f"checkpoint committed: step {step}, {size(nbytes)} "
+                     f"(save {save_s:.2f} s, upload {upload_s:.2f} s)")
+        if self.curves:
+            self.curves.add(step, {"checkpoint/save_seconds": save_s,
+                                   "checkpoint/upload_seconds": upload_s})
         self._write(force=True)
 
     def warning(self, message: str) -> None:
         self.record.warning(message)
+        self._notice(message, "WARNING")
         self._write(force=True)
+
+    def note(self, message: str, level: str = "INFO") -> None:
+        """A worker's line for the user's terminal (workers' own output is Ray's business)."""
+        self._notice(message, level)
 
     def worker_started(self, rank: int, pid: int, node: str) -> None:
         self.record.worker_started(rank, pid, node)
@@ -54,6 +123,8 @@ class RunRecorder:
     def worker_error(self, error: WorkerError) -> bool:
         """Record a worker's exception; True if it is permanent (do not retry)."""
         verdict = self.record.worker_error(error)
+        self._notice(f"worker rank {error.rank} failed at step {error.step}: {error.kind}: "
+                     f"{error.message} ({verdict.reason})", "WARNING")
         self._write(force=True)
         return verdict.permanent
 
@@ -62,20 +133,36 @@ class RunRecorder:
 
     def preemption_notice(self, step: int, deadline_s: float | None, nodes: list[str], at: float) -> None:
         self.record.preemption_notice(step, deadline_s, nodes, at)
+        left = f"{deadline_s:.0f}" if deadline_s is not None else "?"
+        self._notice(f"preemption notice for {nodes} (deadline in {left} s): "
+                     f"checkpointing at step {step}", "WARNING")
         self._write(force=True)
 
     def worker_finished(self, step: int, metrics: dict, at: float) -> None:
         self.record.worker_finished(step, metrics, at)
+        if self.curves:
+            self.curves.add(step, {f"eval/{k}": v for k, v in metrics.items()}, at)
         self._write(force=True)
+
+    def snapshot(self, cursor: int = 0) -> ProgressState:
+        """What the driver shows: the count, throughput, and the notices after `cursor`."""
+        r = self.record
+        return ProgressState(r.steps, r.total_steps, self._world_size(), self.rate.samples_per_s(),
+                             self.rate.step_s(), dict(r.train_metrics), self.notices[cursor:],
+                             len(self.notices))
 
     def finish(self, status: str, error: str | None) -> dict:
         self.record.finish(status, error, time.time())
         self._write(force=True)
+        if self.curves:
+            self.curves.close()
         return self.record.to_dict()
 
 
-def start_recorder(path: str, record: RunRecord):
+def start_recorder(path: str, record: RunRecord, tensorboard_dir: str | None = None,
+                   metrics: bool = True):
     """Start the recorder pinned to this (the driver's) node."""
     node_id = ray.get_runtime_context().get_node_id()
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    return RunRecorder.options(scheduling_strategy=strategy).remote(path, record)
+    return RunRecorder.options(scheduling_strategy=strategy).remote(path, record, tensorboard_dir,
+                                                                   metrics)

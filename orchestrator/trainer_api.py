@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 class Trainer(ABC):
     # False: the state is replicated (DDP, boosters) and rank 0 alone saves it.
     saves_on_all_ranks: ClassVar[bool] = False
+    step_unit: ClassVar[str] = "step"  # what the progress display counts ("round" for boosting)
 
     def __init__(self, config: Mapping[str, Any], session: WorkerSession):
         self.config = config

@@ -6,7 +6,6 @@ per-worker state the trainer talks to.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import traceback
@@ -27,10 +26,7 @@ from orchestrator.data.order import DataOrder
 from orchestrator.failure_policy import WorkerError
 from orchestrator.storage import StorageSpec
 
-log = logging.getLogger("orchestrator.worker")
-
 PROGRESS_EVERY_S = 0.25  # how often rank 0 tells the run recorder how far it got
-LOG_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +55,7 @@ class WorkerSession:
         self.step = 0
         self._last_progress = 0.0
         self._unsent_samples = 0
-        self._last_log = time.monotonic()
+        self._unsent_points: list[tuple[int, dict[str, float]]] = []  # every step's metrics
         self._protect: set[int] = set()  # the checkpoint this attempt resumed from
         self._last_saved = -1
         self.committer = Committer(self.store, spec.checkpoint.async_upload,
@@ -93,7 +89,7 @@ class WorkerSession:
         trainer.load(files)
         self._protect = {ref.step}
         if self.rank == 0:
-            log.info("resumed from %s (step %d)", ref.uri, ref.step)
+            self.spec.recorder.note.remote(f"resumed from {ref.uri} (step {ref.step})")
         return ref.step
 
     # -- the loop's callback -------------------------------------------------------------
@@ -110,15 +106,14 @@ class WorkerSession:
             self.check_preemption(step)
         if self.rank == 0:
             self._unsent_samples += samples
+            self._unsent_points.append((step, dict(metrics)))
             first = self._last_progress == 0.0
             if first or final or now - self._last_progress >= PROGRESS_EVERY_S:
-                self.spec.recorder.progress.remote(step, self._unsent_samples, metrics, time.time())
+                self.spec.recorder.progress.remote(step, self._unsent_samples, metrics, time.time(),
+                                                   self._unsent_points)
                 self._unsent_samples = 0
+                self._unsent_points = []
                 self._last_progress = now
-            if now - self._last_log >= LOG_EVERY_S:
-                shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
-                print(f"step {step}/{self.total_steps} {shown}", flush=True)
-                self._last_log = now
 
     def checkpoint(self, step: int) -> None:
         self._last_saved = step  # on every rank, so that all agree on what was saved
@@ -141,9 +136,7 @@ class WorkerSession:
             return
         deadline = info.deadline_ms / 1000 if info.deadline_ms else None
         left = (deadline - time.time()) if deadline else None
-        if self.rank == 0:
-            log.warning("preemption notice for %s (deadline in %s s): checkpointing at step %d",
-                        info.preempted_node_ids, f"{left:.0f}" if left is not None else "?", step)
+        if self.rank == 0:  # the recorder tells the user (the driver prints its notices)
             self.spec.recorder.preemption_notice.remote(step, left, info.preempted_node_ids,
                                                         time.time())
         if self._last_saved != step:
@@ -185,11 +178,12 @@ def train_loop_per_worker(config: dict) -> None:
         start = session.restore(trainer)
         session.step = start
         if session.rank == 0:
-            spec.recorder.group_started.remote(session.world_size, start, time.time())
+            spec.recorder.group_started.remote(session.world_size, start, time.time(),
+                                               session.total_steps)
         if start < session.total_steps:
             trainer.train(start)
         elif session.rank == 0:
-            print(f"run already complete at step {start}; evaluating", flush=True)
+            spec.recorder.note.remote(f"run already complete at step {start}; evaluating")
     except Exception as exc:
         error = WorkerError(rank, session.step, type(exc).__name__,
                             (str(exc).strip().splitlines() or [""])[0][:300], traceback.format_exc())

@@ -13,7 +13,7 @@ from tests.conftest import run_cli
 
 GROUP_OPTIONS = {
     group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-    for group in ("trainer", "cluster", "storage", "data", "checkpoint", "failure")
+    for group in ("trainer", "cluster", "storage", "data", "checkpoint", "failure", "log")
 }
 
 
@@ -46,6 +46,9 @@ def test_every_option_composes_and_types(override):
         (["checkpoint.every_steps=0"], "checkpoint.every_steps=0"),
         (["trainer.optimizer=lbfgs"], "trainer.optimizer='lbfgs'"),
         (["run.name=a/b"], "run.name='a/b'"),
+        (["log.progress=fancy"], "log.progress='fancy'"),
+        (["log.progress_every_s=0"], "log.progress_every_s=0"),
+        (["log.ray_verbose=maybe"], "log.ray_verbose='maybe'"),
     ],
 )
 def test_bad_overrides_name_the_key(overrides, key):

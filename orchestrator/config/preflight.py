@@ -122,6 +122,8 @@ def _expected_type(message: str) -> str | None:
     match = re.search(r"could not be converted to (\w+)", message)
     if match:
         return _TYPE_NAMES.get(match.group(1), match.group(1))
+    if "is not a valid bool" in message:
+        return _TYPE_NAMES["Boolean"]
     if "Non optional field cannot be assigned None" in message:
         return "a value (not null)"
     return None

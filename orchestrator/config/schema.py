@@ -15,6 +15,7 @@ from omegaconf import MISSING
 from orchestrator.errors import ConfigError
 
 RESUME_MODES = ("auto", "never")
+PROGRESS_MODES = ("auto", "bar", "lines", "off")
 
 
 def require(condition: bool, key: str, value: Any, allowed: str) -> None:
@@ -137,6 +138,21 @@ class FailureConfig:
 
 
 @dataclass
+class LogConfig:
+    ray_verbose: bool = False  # Ray's own lines (workers' output, Train controller) in the terminal
+    progress: str = "auto"  # auto: a bar on a terminal, plain lines otherwise | bar | lines | off
+    progress_every_s: float = 5.0  # how often a plain progress line is printed
+    tensorboard: bool = True  # event files under <run dir>/tensorboard
+    metrics: bool = True  # Ray metrics (the node's Prometheus endpoint, the Ray dashboard)
+
+    def __post_init__(self) -> None:
+        require(self.progress in PROGRESS_MODES, "log.progress", self.progress,
+                "one of " + ", ".join(PROGRESS_MODES))
+        require(self.progress_every_s > 0, "log.progress_every_s", self.progress_every_s,
+                "a number of seconds > 0")
+
+
+@dataclass
 class RunSection:
     name: str | None = None  # null = derived from trainer, data and seed, so a rerun resumes
 
@@ -155,6 +171,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     failure: FailureConfig = field(default_factory=FailureConfig)
     run: RunSection = field(default_factory=RunSection)
+    log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0
     resume: str = "auto"  # auto | never | a checkpoint URI
 

@@ -40,6 +40,8 @@ def booster_params(config: Mapping[str, Any], num_classes: int, seed: int) -> di
 
 
 class LightGBMTrainer(Trainer):
+    step_unit = "round"
+
     @classmethod
     def ray_trainer_class(cls) -> type:
         return ray.train.lightgbm.LightGBMTrainer

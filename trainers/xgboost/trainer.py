@@ -52,6 +52,8 @@ class _StepReporter(xgb.callback.TrainingCallback):
 
 
 class XGBoostTrainer(Trainer):
+    step_unit = "round"
+
     @classmethod
     def ray_trainer_class(cls) -> type:
         return ray.train.xgboost.XGBoostTrainer

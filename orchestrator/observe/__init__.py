@@ -1,0 +1,1 @@
+"""What a user watches while a run goes: progress, Ray metrics, TensorBoard curves, quiet logs."""
