@@ -19,7 +19,7 @@ from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display
 from orchestrator.ray_session import RaySession
 from orchestrator.record import RunRecord, redact
-from orchestrator.recorder import start_recorder
+from orchestrator.recorder import FaultReporter, start_recorder
 from orchestrator.run_plan import make_plan
 from orchestrator.scaling import scaling_kwargs
 from orchestrator.trainer_api import Trainer
@@ -90,6 +90,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                                              max_preemption_failures=cfg.failure.max_preemptions),
                 worker_runtime_env={"env_vars": worker_env(trainer_cls)},
                 logging_config=train_logging(cfg.log.ray_verbose),
+                callbacks=[FaultReporter(recorder)],
             )
             ray_trainer = trainer_cls.ray_trainer_class()(
                 train_loop_per_worker,

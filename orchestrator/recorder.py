@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import ray
+from ray.train import UserCallback
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.failure_policy import WorkerError
@@ -18,6 +19,7 @@ from orchestrator.observe.rate import Rate
 from orchestrator.record import RunRecord
 
 WRITE_EVERY_S = 1.0
+CHECKPOINT_NOTICE_EVERY_S = 10.0  # frequent checkpoints: one line per 10 s, with a count
 
 
 def size(nbytes: int) -> str:
@@ -36,6 +38,9 @@ class RunRecorder:
         self.record = record
         self.rate = Rate()
         self.notices: list[tuple[str, str]] = []  # (level, message) for the driver to print
+        self._failed_ranks: set[int] = set()  # this group's failures already told
+        self._checkpoints_untold = 0
+        self._checkpoint_told_at = float("-inf")
         self.curves = None
         if tensorboard_dir:
             from orchestrator.observe.curves import Curves
@@ -68,6 +73,7 @@ class RunRecorder:
         lost = self.record.lost_steps
         kind = self.record.group_started(world_size, step, at, total_steps)
         self.rate.reset()
+        self._failed_ranks.clear()
         workers = f"{world_size} worker{'s' if world_size != 1 else ''}"
         if kind == "start":
             verb = f"resuming at step {step}" if step else "from step 0"
@@ -100,8 +106,13 @@ class RunRecorder:
 
     def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float) -> None:
         self.record.checkpoint(step, uri, nbytes, save_s, upload_s)
-        self._notice(f"checkpoint committed: step {step}, {size(nbytes)} "
-                     f"(save {save_s:.2f} s, upload {upload_s:.2f} s)")
+        self._checkpoints_untold += 1
+        now = time.monotonic()
+        if step == self.record.total_steps or now - self._checkpoint_told_at >= CHECKPOINT_NOTICE_EVERY_S:
+            more = self._checkpoints_untold - 1
+            self._notice(f"checkpoint committed: step {step}, {size(nbytes)} (save {save_s:.2f} s, "
+                         f"upload {upload_s:.2f} s)" + (f"; {more} more since the last line" if more else ""))
+            self._checkpoints_untold, self._checkpoint_told_at = 0, now
         if self.curves:
             self.curves.add(step, {"checkpoint/save_seconds": save_s,
                                    "checkpoint/upload_seconds": upload_s})
@@ -123,10 +134,19 @@ class RunRecorder:
     def worker_error(self, error: WorkerError) -> bool:
         """Record a worker's exception; True if it is permanent (do not retry)."""
         verdict = self.record.worker_error(error)
+        self._failed_ranks.add(error.rank)
         self._notice(f"worker rank {error.rank} failed at step {error.step}: {error.kind}: "
                      f"{error.message} ({verdict.reason})", "WARNING")
         self._write(force=True)
         return verdict.permanent
+
+    def group_failed(self, errors: dict[int, str]) -> None:
+        """Ray Train saw workers fail (a killed process included, which reports nothing)."""
+        for rank, message in sorted(errors.items()):
+            if rank not in self._failed_ranks:
+                self._failed_ranks.add(rank)
+                self._notice(f"fault: worker rank {rank} at step {self.record.steps}: {message}",
+                             "WARNING")
 
     def permanent_error(self) -> str | None:
         return self.record.permanent_error
@@ -157,6 +177,19 @@ class RunRecorder:
         if self.curves:
             self.curves.close()
         return self.record.to_dict()
+
+
+class FaultReporter(UserCallback):
+    """Runs in Ray Train's controller and tells the recorder as soon as workers fail."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def after_exception(self, run_context, worker_exceptions: dict) -> None:
+        self.recorder.group_failed.remote({
+            rank: f"{type(exc).__name__}: " + next(
+                (ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:200]
+            for rank, exc in worker_exceptions.items()})
 
 
 def start_recorder(path: str, record: RunRecord, tensorboard_dir: str | None = None,

@@ -98,6 +98,9 @@ class WorkerSession:
         self.step = step
         now = time.monotonic()
         final = step >= self.total_steps
+        if self.rank == 0:
+            self._unsent_samples += samples
+            self._unsent_points.append((step, dict(metrics)))
         if self.policy.should_save(step, now) or final:
             self.checkpoint(step)
         # Apart from the save decision (every_seconds reads each rank's own clock): this is a
@@ -105,18 +108,27 @@ class WorkerSession:
         if not final and step % self.spec.preemption_check_steps == 0:
             self.check_preemption(step)
         if self.rank == 0:
-            self._unsent_samples += samples
-            self._unsent_points.append((step, dict(metrics)))
             first = self._last_progress == 0.0
             if first or final or now - self._last_progress >= PROGRESS_EVERY_S:
-                self.spec.recorder.progress.remote(step, self._unsent_samples, metrics, time.time(),
-                                                   self._unsent_points)
-                self._unsent_samples = 0
-                self._unsent_points = []
-                self._last_progress = now
+                self.report_progress()
+
+    def report_progress(self) -> None:
+        """Send rank 0's steps since the last report (each step's metrics: the curves)."""
+        if not self._unsent_points:
+            return
+        step, metrics = self._unsent_points[-1]
+        self.spec.recorder.progress.remote(step, self._unsent_samples, metrics, time.time(),
+                                           self._unsent_points)
+        self._unsent_samples = 0
+        self._unsent_points = []
+        self._last_progress = time.monotonic()
 
     def checkpoint(self, step: int) -> None:
         self._last_saved = step  # on every rank, so that all agree on what was saved
+        if self.rank == 0:
+            # Reported before the commit event (one caller's actor calls arrive in order): a
+            # restart from this checkpoint never leaves unreported steps behind it.
+            self.report_progress()
         if not self.saves:
             return
         started = time.perf_counter()

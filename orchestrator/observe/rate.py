@@ -22,7 +22,7 @@ class Rate:
     def add(self, at: float, step: int, samples: int) -> None:
         self._samples += samples
         self._points.append((at, step, self._samples))
-        while len(self._points) > 2 and at - self._points[1][0] >= self.window_s:
+        while len(self._points) > 2 and at - self._points[0][0] > self.window_s:
             self._points.popleft()
 
     def _span(self) -> tuple[float, int, int] | None:

@@ -1,0 +1,245 @@
+"""What a user watches: progress, Ray metrics on Prometheus, TensorBoard curves, a clean log.
+
+Pure pieces first; then two real runs on an embedded Ray (cluster=local): a default run with a
+worker killed mid-way (metrics scraped while it goes, curves across the restart, the non-TTY
+output), and a log.ray_verbose run that brings Ray's own lines back.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from orchestrator.observe.curves import Curves
+from orchestrator.observe.progress import ProgressState, bar_line, clock, progress_line
+from orchestrator.observe.rate import Rate
+from orchestrator.record import RunRecord
+from tests.conftest import REPO, cli_command, cli_env, free_port, run_cli
+from tests.test_faults import read_record, wait_for
+
+# Ray's own lines that used to fill the terminal (see NOTES.md), by the patterns they carry.
+RAY_NOISE = [r"\(RayTrainWorker pid=\d+", r"\(TrainController pid=\d+", r"PlacementGroupCleaner",
+             r"Token authentication is enabled", r"Setting up process group",
+             r"Started training worker group", r"core_worker\.cc", r"\(pid=\d+"]
+PROGRESS = re.compile(r"\[orchestrator\]\[INFO\] - step (\d+)/(\d+) \(\d+%\) \| 2 workers \| "
+                      r"[\d,]+ samples/s \| [\d.e-]+ s/step \| ETA \d+:\d\d \| loss=[\d.e-]+$",
+                      re.M)
+
+
+def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Read the event files back with TensorBoard's own loader, in its no-TensorFlow mode
+    (what its `notf` build does), so the test does not pay for importing TensorFlow."""
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})  # 0: keep every point
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+# -- pure pieces -----------------------------------------------------------------------------
+
+def test_rate_is_over_the_window_and_restarts_with_a_group():
+    rate = Rate(window_s=10)
+    assert rate.samples_per_s() is None and rate.step_s() is None
+    for i in range(30):  # 64 samples per step, 10 steps per second
+        rate.add(100 + i * 0.1, i + 1, 64)
+    assert rate.samples_per_s() == pytest.approx(640) and rate.step_s() == pytest.approx(0.1)
+    rate.add(200.0, 31, 64)  # long after: only the last window counts
+    rate.add(201.0, 41, 640)
+    assert rate.samples_per_s() == pytest.approx(640) and rate.step_s() == pytest.approx(0.1)
+    rate.reset()
+    assert rate.samples_per_s() is None
+
+
+def test_progress_line_and_bar():
+    state = ProgressState(step=110, total=220, world_size=2, samples_per_s=1830.4, step_s=0.035,
+                          metrics={"loss": 0.21345, "acc": 0.9})
+    assert progress_line(state) == ("step 110/220 (50%) | 2 workers | 1,830 samples/s | "
+                                    "0.035 s/step | ETA 0:04 | loss=0.2135")
+    bar = bar_line(state, "round", width=200)
+    assert bar.startswith("round 110/220 [" + "=" * 12 + ">" + " " * 11 + "]  50% | 2 workers")
+    assert bar_line(ProgressState(step=220, total=220), width=200).startswith(
+        "step 220/220 [" + "=" * 24 + "] 100%")
+    assert len(bar_line(state, width=40)) <= 39  # never wraps on a narrow terminal
+    assert progress_line(ProgressState(step=5)) == "step 5"
+    assert clock(3725) == "1:02:05" and clock(65) == "1:05"
+
+
+def test_record_says_why_a_group_started():
+    rec = RunRecord("r", "ddp", {}, "/ck", started_at=0.0)
+    assert rec.group_started(4, 0, 1.0, total_steps=500) == "start"
+    assert rec.group_started(4, 0, 2.0) == "restart" and rec.total_steps == 500
+    assert rec.group_started(2, 0, 3.0) == "resize"
+    rec.preemption_notice(0, 30.0, ["n1"], 4.0)
+    assert rec.group_started(2, 0, 5.0) == "preemption"
+
+
+def test_curves_keep_one_point_per_step_across_a_restart(tmp_path):
+    curves = Curves(str(tmp_path / "tb"))
+    for step in range(1, 41):
+        curves.add(step, {"train/loss": 1.0 / step})
+    for step in range(31, 61):  # restarted from the checkpoint at step 30
+        curves.add(step, {"train/loss": 1.0 / step, "perf/samples_per_s": 100.0})
+    curves.close()
+    scalars = read_scalars(tmp_path / "tb")
+    assert [s for s, _ in scalars["train/loss"]] == list(range(1, 61))
+    assert [s for s, _ in scalars["perf/samples_per_s"]] == list(range(31, 61))
+    assert scalars["train/loss"][59][1] == pytest.approx(1 / 60)
+
+
+def test_the_observing_core_imports_no_framework():
+    code = ("import sys, orchestrator.recorder, orchestrator.observe.curves, "
+            "orchestrator.observe.metrics, orchestrator.observe.progress, orchestrator.launch; "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'xgboost', 'lightgbm', 'tensorboardX')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+# -- a real run, killed worker included ---------------------------------------------------------
+
+def scrape(url: str, run_name: str) -> dict[str, float]:
+    """The orchestrator's series of this run from a Prometheus endpoint: {sample name: value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("ray_orchestrator_") and s.labels.get("run") == run_name:
+                assert s.labels.get("trainer") == "ddp", s
+                key = s.name + (f"[{s.labels['metric']}]" if "metric" in s.labels else "")
+                if "le" not in s.labels:
+                    found[key] = s.value
+    return found
+
+
+def token_headers() -> dict[str, str]:
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if token is None and path.exists():
+        token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def http_status(url: str, headers: dict) -> int:
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
+    run_dir, out_path, dash = tmp_path / "run", tmp_path / "out.txt", free_port()
+    with open(out_path, "w") as out:  # a file, not a pipe: stdout is not a terminal
+        proc = subprocess.Popen(
+            cli_command(run_dir, f"storage.uri={tmp_path / 'ckpt'}", f"cluster.dashboard_port={dash}",
+                        "trainer.epochs=150", "checkpoint.every_steps=100", "log.progress_every_s=2"),
+            cwd=REPO, env=cli_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, run_dir)
+        text = out_path.read_text()
+        metrics_url = re.search(r"metrics: (http://\S+/metrics)", text).group(1)
+        dashboard = re.search(r"Ray dashboard: (http://127\.0\.0\.1:\d+)", text).group(1)
+
+        # The dashboard answers on loopback with the token it names, and on no other address.
+        if token_headers():
+            assert "ray get-auth-token" in text
+            assert http_status(f"{dashboard}/api/version", token_headers()) == 200
+            assert http_status(f"{dashboard}/api/version", {}) == 401
+        else:
+            assert http_status(f"{dashboard}/api/version", {}) == 200
+        host = re.match(r"http://([^:/]+)", metrics_url).group(1)
+        if host not in ("127.0.0.1", "localhost"):
+            with pytest.raises(OSError):
+                socket.create_connection((host, dash), timeout=5).close()
+
+        os.kill(rec["workers"][1]["pid"], signal.SIGKILL)  # a forced restart
+        wait_for(lambda r: r.get("restarts") == 1 and r["steps"] > r["world_sizes"][-1]["step"],
+                 run_dir)
+        # Ray exports every few seconds: scrape while the run goes until the restart shows.
+        seen: dict[str, float] = {}
+        while proc.poll() is None:
+            seen = scrape(metrics_url, rec["run_name"])
+            if seen.get("ray_orchestrator_restarts") == 1 and seen.get("ray_orchestrator_step", 0) > 0:
+                break
+            time.sleep(1)
+        assert proc.wait(timeout=600) == 0, out_path.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:  # Ctrl-C: the command stops its embedded Ray itself
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    output = out_path.read_text()
+    rec = read_record(run_dir)
+    assert rec["status"] == "succeeded" and rec["restarts"] == 1
+
+    # Metrics: every series, tagged by run and trainer, with sane values.
+    assert seen.get("ray_orchestrator_restarts") == 1, f"the restart never showed: {seen}\n{output}"
+    assert seen["ray_orchestrator_world_size"] == 2
+    assert 0 < seen["ray_orchestrator_step"] <= rec["steps"]
+    assert seen["ray_orchestrator_samples_per_s"] > 0 and 0 < seen["ray_orchestrator_step_seconds"] < 10
+    assert seen["ray_orchestrator_preemptions"] == 0
+    assert 0 <= seen["ray_orchestrator_lost_steps"] <= 100
+    assert seen["ray_orchestrator_checkpoint_step"] % 100 == 0 and seen["ray_orchestrator_checkpoint_step"] > 0
+    assert seen["ray_orchestrator_train_metric[loss]"] > 0
+    for hist in ("checkpoint_save_seconds", "checkpoint_upload_seconds"):
+        assert seen[f"ray_orchestrator_{hist}_count"] >= 1 and seen[f"ray_orchestrator_{hist}_sum"] >= 0
+
+    # TensorBoard: one curve per tag across the restart, every step once, steps only going up.
+    scalars = read_scalars(run_dir / "tensorboard")
+    total, restart_step = rec["steps"], rec["world_sizes"][1]["step"]
+    assert [s for s, _ in scalars["train/loss"]] == list(range(1, total + 1))
+    assert scalars["train/loss"][-1][1] < scalars["train/loss"][0][1]  # it learned
+    for tag in ("perf/samples_per_s", "perf/step_seconds", "cluster/world_size"):
+        steps = [s for s, _ in scalars[tag]]
+        assert steps == sorted(set(steps)) and steps[-1] == total, tag
+        assert any(s > rec["lost_steps"] + restart_step for s in steps), tag  # after the restart
+    assert {v for _, v in scalars["cluster/world_size"]} == {2.0}
+    assert [s for s, _ in scalars["checkpoint/save_seconds"]][-1] == total
+    assert scalars["eval/test_accuracy"] == [(total, pytest.approx(rec["metrics"]["test_accuracy"]))]
+
+    # The log: the orchestrator's own lines, progress lines, and none of Ray's noise.
+    for noise in RAY_NOISE:
+        assert not re.search(noise, output), f"Ray noise {noise!r} in the output:\n{output[-3000:]}"
+    progress = [(int(a), int(b)) for a, b in PROGRESS.findall(output)]
+    assert len(progress) >= 3 and progress[-1] == (total, total), output[-3000:]
+    for line in ("2 workers started, training from step 0", "checkpoint committed: step 100,",
+                 "][orchestrator][WARNING] - fault: worker rank 1 at step",
+                 f"restart 1 after a worker failure: 2 workers resume from the checkpoint at step "
+                 f"{restart_step}", f"resumed from {tmp_path / 'ckpt'}", "succeeded in"):
+        assert line in output, f"{line!r} missing:\n{output[-3000:]}"
+    # Every line is the orchestrator's, but Ray's own error messages (the raylet's word on the
+    # killed worker: it still prints those, whatever log_to_driver says).
+    others = [ln for ln in output.splitlines() if not re.match(r"\[20.*\]\[orchestrator\]\[", ln)]
+    assert all("(raylet)" in ln for ln in others), others
+
+
+def test_ray_verbose_brings_rays_lines_back_and_the_bar_draws(tmp_path):
+    result = run_cli(tmp_path / "run", f"storage.uri={tmp_path / 'ckpt'}",
+                     f"cluster.dashboard_port={free_port()}", "trainer.max_steps=30",
+                     "log.ray_verbose=true", "log.progress=bar", "log.tensorboard=false",
+                     "log.metrics=false")
+    assert result.returncode == 0, result.output[-4000:]
+    assert re.search(r"\(RayTrainWorker pid=\d+", result.output), result.output[-3000:]
+    assert re.search(r"\(TrainController pid=\d+", result.output)
+    assert "\r\x1b[Kstep 30/30 [" + "=" * 24 + "] 100% | 2 workers" in result.stderr
+    assert "\r\x1b[Kwaiting for the workers to start" in result.stderr
+    assert not (tmp_path / "run" / "tensorboard").exists() and "metrics: http" not in result.output
+    assert not PROGRESS.search(result.output)  # the bar instead of lines
