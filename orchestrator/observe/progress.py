@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger("orchestrator")
 
-BAR_WIDTH = 24
+BAR_WIDTH = 20
 POLL_S = 0.5
 
 
@@ -41,24 +41,25 @@ def clock(seconds: float) -> str:
 
 
 def details(state: ProgressState) -> list[str]:
-    """The parts after the count: workers, throughput, step time, ETA, latest metric."""
+    """What follows the count, most wanted first (a narrow terminal cuts the end): ETA,
+    throughput, workers, the latest metric, step time."""
     parts = []
-    if state.world_size:
-        parts.append(f"{state.world_size} worker{'s' if state.world_size != 1 else ''}")
+    if state.step_s is not None and state.total:
+        parts.append(f"ETA {clock(max(0, state.total - state.step) * state.step_s)}")
     if state.samples_per_s is not None:
         parts.append(f"{state.samples_per_s:,.0f} samples/s")
-    if state.step_s is not None:
-        parts.append(f"{state.step_s:.3g} s/step")
-        if state.total:
-            parts.append(f"ETA {clock(max(0, state.total - state.step) * state.step_s)}")
+    if state.world_size:
+        parts.append(f"{state.world_size} worker{'s' if state.world_size != 1 else ''}")
     if state.metrics:
         name, value = next(iter(state.metrics.items()))
         parts.append(f"{name}={value:.4g}")
+    if state.step_s is not None:
+        parts.append(f"{state.step_s:.3g} s/step")
     return parts
 
 
 def progress_line(state: ProgressState, unit: str = "step") -> str:
-    """`step 120/220 (55%) | 2 workers | 1,830 samples/s | 0.035 s/step | ETA 0:04 | loss=0.21`"""
+    """`step 120/220 (55%) | ETA 0:04 | 1,830 samples/s | 2 workers | loss=0.21 | 0.035 s/step`"""
     count = f"{unit} {state.step}/{state.total}" if state.total else f"{unit} {state.step}"
     if state.total:
         count += f" ({100 * state.step // state.total}%)"
@@ -66,7 +67,7 @@ def progress_line(state: ProgressState, unit: str = "step") -> str:
 
 
 def bar_line(state: ProgressState, unit: str = "step", width: int = 100) -> str:
-    """`step 120/220 [=============>          ]  55% | 2 workers | ... | loss=0.21`"""
+    """`step 120/220 [==========>         ]  55% | ETA 0:04 | 1,830 samples/s | ...`"""
     if state.total:
         filled = min(BAR_WIDTH, BAR_WIDTH * state.step // state.total)
         arrow = ">" if filled < BAR_WIDTH else ""
