@@ -59,7 +59,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                        plan.run_storage.uri, started_at=started_at)
     record_path = output_dir / "run.json"
     try:
-        with RaySession(cfg.cluster, controller_env(cfg)) as session:
+        with RaySession(cfg.cluster, controller_env(cfg.failure.hang_timeout_s)) as session:
             if session.dashboard_url:
                 log.info("Ray dashboard: %s (token in ~/.ray/auth_token)", session.dashboard_url)
             where = f"resuming at step {plan.resume_step}" if plan.resume_step else "from scratch"
@@ -68,7 +68,8 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             recorder = start_recorder(str(record_path), record)
             spec = WorkerSpec(trainer_cfg, cfg.data, cfg.checkpoint, plan.run_storage,
                               plan.resume_source, cfg.seed, recorder,
-                              cfg.failure.preemption_check_steps, cfg.failure.hang_timeout_s)
+                              cfg.failure.preemption_check_steps, cfg.failure.hang_timeout_s,
+                              eval_every_steps=cfg.run.eval_every_steps)
             scaling = ScalingConfig(**scaling_kwargs(cfg.cluster, session.total_cpus()))
             run_config = RunConfig(
                 name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
@@ -97,10 +98,10 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     return code
 
 
-def controller_env(cfg) -> dict[str, str]:
+def controller_env(hang_timeout_s: float) -> dict[str, str]:
     """Ray Train's own knobs, read by its controller: a silent worker fails after
     failure.hang_timeout_s (Ray's default is 10 minutes)."""
-    return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(cfg.failure.hang_timeout_s)}
+    return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(hang_timeout_s)}
 
 
 def worker_env(trainer_cls: type[Trainer]) -> dict[str, str]:

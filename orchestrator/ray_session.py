@@ -69,9 +69,13 @@ class RaySession:
         self.env_vars = env_vars or {}
         self.dashboard_url: str | None = None
         self.joined = cluster.address is not None
+        self.reused = False
 
     def __enter__(self) -> RaySession:
         c = self.cluster
+        if ray.is_initialized():  # a sweep's trial: the sweep's session serves every trial
+            self.reused = True
+            return self
         quiet = {"logging_level": logging.WARNING, "log_to_driver": True,
                  "runtime_env": {"env_vars": self.env_vars}}
         if self.joined:
@@ -94,7 +98,8 @@ class RaySession:
         return self
 
     def __exit__(self, *exc) -> None:
-        ray.shutdown()
+        if not self.reused:
+            ray.shutdown()
 
     @staticmethod
     def total_cpus() -> float:

@@ -39,6 +39,10 @@ class RunRecorder:
         self.record.progress(step, samples, metrics, at)
         self._write()
 
+    def evaluated(self, step: int, metrics: dict) -> None:
+        self.record.evaluated(step, metrics)
+        self._write(force=True)
+
     def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float) -> None:
         self.record.checkpoint(step, uri, nbytes, save_s, upload_s)
         self._write(force=True)
