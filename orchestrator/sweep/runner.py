@@ -56,14 +56,15 @@ def concurrency(conf: RayTuneSweeperConf, total_cpus: float, trials: int | None)
     return max(1, min(cap, trials)) if trials else cap
 
 
-def search_algorithm(conf: RayTuneSweeperConf, seed: int):
+def search_algorithm(conf: RayTuneSweeperConf, seed: int, at_once: int):
     from ray.tune.search import BasicVariantGenerator
 
     if conf.search == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
-        return OptunaSearch(seed=seed)
-    return BasicVariantGenerator(random_state=seed)
+        return OptunaSearch(seed=seed)  # Tune caps its concurrency (max_concurrent_trials)
+    # A generator takes its own cap: Tune ignores max_concurrent_trials for it.
+    return BasicVariantGenerator(random_state=seed, max_concurrent=at_once)
 
 
 def scheduler(conf: RayTuneSweeperConf):
@@ -120,8 +121,9 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
                 param_space=tune_space(space, conf.search),
                 tune_config=tune.TuneConfig(
                     metric=conf.metric, mode=conf.mode, num_samples=conf.num_samples,
-                    search_alg=search_algorithm(conf, int(config.get("seed", 0))),
-                    scheduler=scheduler(conf), max_concurrent_trials=at_once,
+                    search_alg=search_algorithm(conf, int(config.get("seed", 0)), at_once),
+                    scheduler=scheduler(conf),
+                    max_concurrent_trials=at_once if conf.search == "optuna" else None,
                     trial_dirname_creator=lambda trial: trial.trial_id),
                 run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0),
             )
