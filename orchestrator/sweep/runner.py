@@ -113,7 +113,9 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
         tune_path = sweep_dir / TUNE_DIR
         if tune.Tuner.can_restore(str(tune_path)):
             log.info("sweep %s: resuming in %s (finished trials are not run again)", name, sweep_dir)
-            tuner = tune.Tuner.restore(str(tune_path), trainable, restart_errored=True)
+            # resume_errored keeps the trial id, hence its directory and checkpoints (restart_errored
+            # would make a new trial).
+            tuner = tune.Tuner.restore(str(tune_path), trainable, resume_errored=True)
         else:
             log.info("sweep %s: %s trials, %d at a time, in %s", name, grid, at_once, sweep_dir)
             tuner = tune.Tuner(
