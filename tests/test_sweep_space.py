@@ -64,6 +64,7 @@ def test_check_values_covers_every_value_and_interval_end():
     (["-m", "hpo=ddp_lr_workers", "hydra.sweeper.early_stopping.grace_period=0"],
      "hydra.sweeper.early_stopping.grace_period"),
     (["-m", "hpo=xgboost_depth_workers", "trainer.max_depth=1,-3"], "trainer.max_depth"),
+    (["-m", "hpo=ddp_lr_workers", "run.eval_every_steps=null"], "run.eval_every_steps"),
 ])
 def test_an_invalid_value_anywhere_in_a_sweep_is_one_line(argv, key):
     with pytest.raises(ConfigError) as err:

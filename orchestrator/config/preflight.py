@@ -123,6 +123,11 @@ def sweep_trials(overrides: list[str]) -> list[list[str]]:
         raise ConfigError(composition_error(exc)) from exc
     space = build_space(task, dict(conf.params))
     check_search(space, conf.search)
+    if conf.early_stopping.enabled and conf.metric.startswith("test_") and \
+            base.run.eval_every_steps is None:
+        raise ConfigError(
+            "hydra.sweeper.early_stopping.enabled=true needs run.eval_every_steps (trials "
+            f"report {conf.metric} only at the end otherwise): set run.eval_every_steps=N")
     return check_values(space)
 
 

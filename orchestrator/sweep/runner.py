@@ -107,7 +107,7 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
         budget = round(total / at_once, 3)  # CPUs per trial, shared by its workers
         ctx = TrialContext(hydra_context, config, Singleton.get_state(), space, str(sweep_dir),
                            name, conf.metric, budget,
-                           run_names_derived=config.run.name is None)
+                           run_name=config.run.name or name)
         trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx),
                                         {"CPU": 0, f"node:{node_ip()}": 0.001})
         tune_path = sweep_dir / TUNE_DIR

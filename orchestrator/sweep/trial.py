@@ -34,7 +34,7 @@ class TrialContext:
     sweep_name: str
     metric: str
     cpu_budget: float  # the CPUs one trial's workers share, when cpus_per_worker is not set
-    run_names_derived: bool  # run.name was not given: each trial gets its own
+    run_name: str  # run.name, else the sweep's name: each trial appends its id
 
 
 def compose_trial(ctx: TrialContext, params: dict, trial_id: str) -> DictConfig:
@@ -51,8 +51,7 @@ def compose_trial(ctx: TrialContext, params: dict, trial_id: str) -> DictConfig:
         cfg.hydra.job.id = trial_id
         if cfg.cluster.cpus_per_worker is None:  # concurrent trials share the cluster evenly
             cfg.cluster.cpus_per_worker = round(min(1.0, ctx.cpu_budget / cfg.cluster.workers), 4)
-        if ctx.run_names_derived:  # trials differ: each keeps its own checkpoints
-            cfg.run.name = f"{ctx.sweep_name}-{trial_id}"
+        cfg.run.name = f"{ctx.run_name}-{trial_id}"  # trials differ: each its own checkpoints
     return cfg
 
 
