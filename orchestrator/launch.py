@@ -62,7 +62,8 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     record_path = output_dir / "run.json"
     tensorboard_dir = output_dir / "tensorboard" if cfg.log.tensorboard else None
     try:
-        with RaySession(cfg.cluster, controller_env(cfg), cfg.log.ray_verbose) as session:
+        with RaySession(cfg.cluster, controller_env(cfg.failure.hang_timeout_s),
+                        cfg.log.ray_verbose) as session:
             if session.dashboard_url:
                 log.info("Ray dashboard: %s (%s)", session.dashboard_url,
                          session.dashboard_token_hint())
@@ -79,7 +80,8 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                                       cfg.log.metrics)
             spec = WorkerSpec(trainer_cfg, cfg.data, cfg.checkpoint, plan.run_storage,
                               plan.resume_source, cfg.seed, recorder,
-                              cfg.failure.preemption_check_steps, cfg.failure.hang_timeout_s)
+                              cfg.failure.preemption_check_steps, cfg.failure.hang_timeout_s,
+                              eval_every_steps=cfg.run.eval_every_steps)
             scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
             scaling = ScalingConfig(**scaling_args)
             log.info("asking Ray for %s", describe_workers(scaling_args))
@@ -129,10 +131,10 @@ def describe_workers(scaling: dict) -> str:
     return f"{scaling['resources_per_worker']} * {count}"
 
 
-def controller_env(cfg) -> dict[str, str]:
+def controller_env(hang_timeout_s: float) -> dict[str, str]:
     """Ray Train's own knobs, read by its controller: a silent worker fails after
     failure.hang_timeout_s (Ray's default is 10 minutes)."""
-    return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(cfg.failure.hang_timeout_s)}
+    return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(hang_timeout_s)}
 
 
 def worker_env(trainer_cls: type[Trainer]) -> dict[str, str]:

@@ -53,6 +53,22 @@ def probe(address: str) -> None:
         ) from exc
 
 
+def dashboard_port(wanted: int) -> int:
+    """cluster.dashboard_port if it is free, else a free one: a second embedded Ray on this
+    machine (another run, a sweep) must not fail on a busy port."""
+    for port in (wanted, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            chosen = sock.getsockname()[1]
+        if chosen != wanted:
+            log.info("dashboard port %d is taken; using %d", wanted, chosen)
+        return chosen
+    return wanted
+
+
 def use_token_auth_if_available() -> None:
     """A head started by `ray start` turns token auth on when a token exists, but in Ray 2.60
     a driver joining it does not (it retries for ~20 s, then fails): do what the head did.
@@ -72,9 +88,13 @@ class RaySession:
         self.verbose = verbose  # log.ray_verbose: Ray's own output in the terminal
         self.dashboard_url: str | None = None
         self.joined = cluster.address is not None
+        self.reused = False
 
     def __enter__(self) -> RaySession:
         c = self.cluster
+        if ray.is_initialized():  # a sweep's trial: the sweep's session serves every trial
+            self.reused = True
+            return self
         quiet_ray_loggers(self.verbose)
         quiet = {**ray_init_kwargs(self.verbose), "runtime_env": {"env_vars": self.env_vars}}
         if self.joined:
@@ -88,7 +108,7 @@ class RaySession:
                 num_cpus=c.num_cpus or os.cpu_count(),
                 include_dashboard=c.dashboard,
                 dashboard_host="127.0.0.1",  # never beyond this machine by default
-                dashboard_port=c.dashboard_port,
+                dashboard_port=dashboard_port(c.dashboard_port) if c.dashboard else None,
                 **quiet,
             )
         url = getattr(context, "dashboard_url", None)
@@ -97,7 +117,8 @@ class RaySession:
         return self
 
     def __exit__(self, *exc) -> None:
-        ray.shutdown()
+        if not self.reused:
+            ray.shutdown()
 
     @staticmethod
     def total_cpus() -> float:

@@ -43,6 +43,7 @@ class RunRecord:
     samples: int = 0
     metrics: dict = field(default_factory=dict)
     train_metrics: dict = field(default_factory=dict)
+    evaluation: dict | None = None  # the newest periodic evaluation: {"step", "metrics"}
     time_to_first_step_s: float | None = None
     wall_s: float | None = None
     samples_per_s: float | None = None
@@ -91,6 +92,10 @@ class RunRecord:
         self.samples += samples
         self.train_metrics = dict(metrics)
         self._last_step_at = at
+        self._update_rate()
+
+    def evaluated(self, step: int, metrics: dict) -> None:
+        self.evaluation = {"step": step, "metrics": dict(metrics)}
 
     def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float) -> None:
         self.checkpoints.append({"step": step, "uri": uri, "bytes": nbytes,
@@ -130,6 +135,11 @@ class RunRecord:
         self.status = status
         self.error = error
         self.wall_s = round(at - self.started_at, 3)
+        self._update_rate()
+
+    def _update_rate(self) -> None:
+        """samples/s from the first worker group's start to the newest step (kept current
+        while the run goes, so a sweep can compare trials that were stopped early)."""
         if self._first_group_at is not None and self._last_step_at and self.samples:
             busy = max(self._last_step_at - self._first_group_at, 1e-9)
             self.samples_per_s = round(self.samples / busy, 1)

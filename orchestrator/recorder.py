@@ -104,6 +104,12 @@ class RunRecorder:
     def _world_size(self) -> int | None:
         return self.record.world_sizes[-1]["size"] if self.record.world_sizes else None
 
+    def evaluated(self, step: int, metrics: dict) -> None:
+        self.record.evaluated(step, metrics)
+        if self.curves:
+            self.curves.add(step, {f"eval/{k}": v for k, v in metrics.items()})
+        self._write(force=True)
+
     def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float) -> None:
         self.record.checkpoint(step, uri, nbytes, save_s, upload_s)
         self._checkpoints_untold += 1

@@ -40,6 +40,7 @@ class WorkerSpec:
     recorder: Any  # the RunRecorder actor handle
     preemption_check_steps: int = 10
     preemption_wait_s: float = 30.0  # how long to wait for a notice without deadline
+    eval_every_steps: int | None = None  # rank 0 evaluates on the test split this often
 
 
 class WorkerSession:
@@ -108,6 +109,9 @@ class WorkerSession:
         if not final and step % self.spec.preemption_check_steps == 0:
             self.check_preemption(step)
         if self.rank == 0:
+            every = self.spec.eval_every_steps
+            if every and not final and step % every == 0:
+                self.spec.recorder.evaluated.remote(step, self.trainer.evaluate())
             first = self._last_progress == 0.0
             if first or final or now - self._last_progress >= PROGRESS_EVERY_S:
                 self.report_progress()

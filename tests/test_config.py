@@ -65,9 +65,11 @@ def test_every_trial_of_a_sweep_is_checked():
 
 
 def test_hydra_flags_are_not_taken_for_overrides():
-    assert split_command_line(["--cfg", "job", "seed=3", "hydra.run.dir=x"]) == (["seed=3"], False)
+    assert split_command_line(["--cfg", "job", "seed=3", "hydra.run.dir=x"]) == (
+        ["seed=3", "hydra.run.dir=x"], False)
     assert split_command_line(["--help"]) is None
-    assert expand_sweep(["a=1,2", "b=3"], multirun=True) == [["a=1", "b=3"], ["a=2", "b=3"]]
+    assert expand_sweep(["a=1,2", "b=3", "hydra.run.dir=x"], multirun=True) == [
+        ["b=3", "a=1"], ["b=3", "a=2"]]
 
 
 def test_user_model_keys_are_free_form():

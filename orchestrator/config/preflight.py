@@ -27,7 +27,8 @@ _TYPE_NAMES = {"Integer": "an integer", "Float": "a number", "Boolean": "true or
 
 
 def split_command_line(argv: list[str]) -> tuple[list[str], bool] | None:
-    """(overrides, multirun), or None when there is nothing to check (--help, own config)."""
+    """(overrides, multirun), or None when there is nothing to check (--help, own config).
+    Overrides of Hydra's own keys (hydra.sweeper.search=...) are among them."""
     overrides, multirun, i = [], False, 0
     while i < len(argv):
         arg = argv[i]
@@ -38,31 +39,28 @@ def split_command_line(argv: list[str]) -> tuple[list[str], bool] | None:
             multirun = True
         elif arg in _TAKES_VALUE:
             i += 1
-        elif not arg.startswith("-") and not re.match(r"^[+~]*hydra[./]", arg):
+        elif not arg.startswith("-"):
             overrides.append(arg)
         i += 1
     return overrides, multirun
 
 
+def is_hydra_override(line: str) -> bool:
+    return re.match(r"^[+~]*hydra[./]", line) is not None
+
+
 def expand_sweep(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """The override list of every trial (a plain run is a single trial)."""
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except OverrideParseException as exc:
-        raise ConfigError(f"cannot parse the overrides: {first_line(exc)}") from exc
+    """The override list of every trial of a command-line sweep (a plain run is one trial)."""
+    from orchestrator.sweep.space import build_space, check_values
+
+    overrides = [o for o in overrides if not is_hydra_override(o)]
     if not multirun:
+        try:
+            OverridesParser.create().parse_overrides(overrides)
+        except OverrideParseException as exc:
+            raise ConfigError(f"cannot parse the overrides: {first_line(exc)}") from exc
         return [overrides]
-    trials: list[list[str]] = [[]]
-    for ov in parsed:
-        key = ov.get_key_element()
-        if ov.is_sweep_override() and ov.is_discrete_sweep():
-            values = [f"{key}={v}" for v in ov.sweep_string_iterator()]
-        elif ov.is_sweep_override():
-            continue  # a continuous search space (interval): the search checks its samples
-        else:
-            values = [f"{key}={ov.get_value_element_as_str()}"]
-        trials = [t + [v] for t in trials for v in values]
-    return trials
+    return check_values(build_space(overrides, {}))
 
 
 def check_command_line(argv: list[str], conf_dir: Path) -> int:
@@ -70,16 +68,73 @@ def check_command_line(argv: list[str], conf_dir: Path) -> int:
     split = split_command_line(argv)
     if split is None:
         return 0
-    trials = expand_sweep(*split)
+    overrides, multirun = split
     with initialize_config_dir(str(conf_dir), version_base="1.3", job_name="preflight"):
-        for overrides in trials:
-            to_typed(compose_one(overrides))
+        trials = sweep_trials(overrides) if multirun else expand_sweep(overrides, False)
+        checked: set[str] = set()
+        for trial in trials:
+            cfg = compose_one(trial)
+            to_typed(cfg)
+            if multirun:  # a single run's trainer is checked by the launcher, before Ray
+                check_trainer(cfg, checked)
     return len(trials)
 
 
-def compose_one(overrides: list[str]):
+def check_trainer(cfg, checked: set[str]) -> None:
+    """The trainer's own checks (its framework judges its parameters), once per distinct
+    trainer config, so that no trial of a sweep fails on input after others started."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from orchestrator.launch import trainer_class
+
+    trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
+    key = json.dumps(trainer, sort_keys=True, default=str)
+    if key not in checked:
+        checked.add(key)
+        trainer_class(trainer["_target_"]).check_config(trainer)
+
+
+def sweep_trials(overrides: list[str]) -> list[list[str]]:
+    """Every configuration a --multirun may compose: the command line's sweeps and the
+    selected search's `hydra.sweeper.params` (an `hpo=<name>` config), with the sweeper's own
+    settings checked on the way."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.sweep.config import SWEEPER_TARGET, RayTuneSweeperConf
+    from orchestrator.sweep.space import build_space, check_search, check_values, parse
+
+    task = [o for o in overrides if not is_hydra_override(o)]
+    plain = [o for o in task if not parse(o).is_sweep_override()]
+    hydra_overrides = [o for o in overrides if is_hydra_override(o)]
+    base = compose_one(plain + hydra_overrides, return_hydra_config=True)
+    sweeper = base.hydra.sweeper
+    if sweeper.get("_target_") != SWEEPER_TARGET:
+        return expand_sweep(task, True)  # another sweeper (hydra/sweeper=basic): its own rules
     try:
-        return compose(config_name="config", overrides=overrides)
+        conf: RayTuneSweeperConf = OmegaConf.to_object(sweeper)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError(composition_error(exc)) from exc
+    space = build_space(task, dict(conf.params))
+    check_search(space, conf.search)
+    if conf.early_stopping.enabled and conf.metric.startswith("test_") and \
+            base.run.eval_every_steps is None:
+        raise ConfigError(
+            "hydra.sweeper.early_stopping.enabled=true needs run.eval_every_steps (trials "
+            f"report {conf.metric} only at the end otherwise): set run.eval_every_steps=N")
+    return check_values(space)
+
+
+def compose_one(overrides: list[str], return_hydra_config: bool = False):
+    try:
+        return compose(config_name="config", overrides=overrides,
+                       return_hydra_config=return_hydra_config)
     except MissingConfigException as exc:
         raise ConfigError(unknown_option(exc, overrides)) from exc
     except ConfigCompositionException as exc:

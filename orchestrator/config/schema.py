@@ -155,8 +155,14 @@ class LogConfig:
 @dataclass
 class RunSection:
     name: str | None = None  # null = derived from trainer, data and seed, so a rerun resumes
+    # Rank 0 evaluates on the test split every this many steps (rounds): curves, and the
+    # metric a sweep's early stopping compares. null = only at the end.
+    eval_every_steps: int | None = None
 
     def __post_init__(self) -> None:
+        if self.eval_every_steps is not None:
+            require(self.eval_every_steps >= 1, "run.eval_every_steps", self.eval_every_steps,
+                    "null or an integer >= 1")
         if self.name is not None:
             ok = self.name.strip() != "" and "/" not in self.name and self.name not in (".", "..")
             require(ok, "run.name", self.name, "null or a non-empty name without '/'")
@@ -188,3 +194,6 @@ def register_configs() -> None:
     import trainers  # the trainers own their schemas; none of them imports a framework here
 
     trainers.register_schemas(cs)
+    from orchestrator.sweep.config import register_sweeper
+
+    register_sweeper(cs)

@@ -101,8 +101,10 @@ class DDPTrainer(Trainer):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        training = self.module.training  # also called between steps (run.eval_every_steps)
         self.module.eval()
         logits = self.module(self.x_test.to(self.device))
+        self.module.train(training)
         y = self.y_test.to(self.device)
         return {
             "test_accuracy": float((logits.argmax(1) == y).float().mean()),

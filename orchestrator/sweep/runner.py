@@ -1,0 +1,199 @@
+"""A sweep: trials on Ray Tune in one Ray session, then sweep.json and the scaling report.
+
+The sweep's directory is named after the sweep (derived from its overrides and search unless
+hydra.sweeper.name is given), so the same command finds it again: Tune's experiment state
+there lets a rerun skip the trials that finished and run the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.config.schema import ClusterConfig
+from orchestrator.sweep.config import RayTuneSweeperConf
+from orchestrator.sweep.report import write_report
+from orchestrator.sweep.space import SweepSpace, build_space, check_search, tune_space
+from orchestrator.sweep.trial import TrialContext, run_trial
+
+log = logging.getLogger("orchestrator")
+TUNE_DIR = "tune"
+
+
+def sweep_name(config: DictConfig, space: SweepSpace, conf: RayTuneSweeperConf) -> str:
+    if conf.name:
+        return conf.name
+    key = json.dumps({
+        "fixed": sorted(space.fixed),
+        "dims": [[d.key, list(d.values), d.low, d.high, d.log, d.integer] for d in space.dimensions],
+        "search": [conf.search, conf.num_samples, conf.metric, conf.mode],
+        "early_stopping": OmegaConf.to_container(OmegaConf.structured(conf.early_stopping)),
+        "seed": config.get("seed"),
+    }, sort_keys=True, default=str)
+    trainer = OmegaConf.select(config, "trainer.name", default="sweep")
+    return f"{trainer}-sweep-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def sweep_directory(config: DictConfig, name: str) -> Path:
+    """hydra.sweep.dir as given on the command line, else <hydra.sweep.dir>/<sweep name>."""
+    given = any(o.split("=", 1)[0].lstrip("+~") == "hydra.sweep.dir"
+                for o in config.hydra.overrides.hydra)
+    base = Path(str(config.hydra.sweep.dir))
+    return (base if given else base / name).resolve()
+
+
+def concurrency(conf: RayTuneSweeperConf, total_cpus: float, trials: int | None) -> int:
+    """The cap on trials at once: hydra.sweeper.max_concurrent, else one per CPU (at least 2,
+    at most 4; a trial spends most of its first seconds starting processes, not computing)."""
+    cap = conf.max_concurrent or min(4, max(2, int(total_cpus)))
+    return max(1, min(cap, trials)) if trials else cap
+
+
+def search_algorithm(conf: RayTuneSweeperConf, seed: int, at_once: int):
+    from ray.tune.search import BasicVariantGenerator
+
+    if conf.search == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        return OptunaSearch(seed=seed)  # Tune caps its concurrency (max_concurrent_trials)
+    # A generator takes its own cap: Tune ignores max_concurrent_trials for it.
+    return BasicVariantGenerator(random_state=seed, max_concurrent=at_once)
+
+
+def scheduler(conf: RayTuneSweeperConf):
+    es = conf.early_stopping
+    if not es.enabled:
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    return ASHAScheduler(time_attr="step", grace_period=es.grace_period,
+                         reduction_factor=es.reduction_factor, max_t=es.max_t)
+
+
+def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
+              arguments: list[str]) -> int:
+    """Run every trial; return the exit code (0 when no trial failed)."""
+    from hydra.core.singleton import Singleton
+    from ray import tune
+
+    from orchestrator.launch import controller_env
+    from orchestrator.ray_session import RaySession
+
+    started = time.time()
+    space = build_space(arguments, dict(conf.params))
+    check_search(space, conf.search)
+    name = sweep_name(config, space, conf)
+    sweep_dir = sweep_directory(config, name)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    cluster = ClusterConfig(**OmegaConf.to_container(config.cluster, resolve=True))
+    grid = space.grid_size * conf.num_samples if conf.search == "grid" else conf.num_samples
+
+    # Trials import the user's modules (a trainer._target_ of theirs) from the command's
+    # directory, as the workers do.
+    env = {**controller_env(float(config.failure.hang_timeout_s)),
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    # Trials print through Ray's worker-output channel (no recorder of the sweep relays them
+    # yet), so a sweep streams it whatever log.ray_verbose says.
+    with RaySession(cluster, env, verbose=True) as session:
+        if session.dashboard_url:
+            log.info("Ray dashboard: %s (%s)", session.dashboard_url,
+                     session.dashboard_token_hint())
+        total = session.total_cpus()
+        at_once = concurrency(conf, total, grid)
+        budget = round(total / at_once, 3)  # CPUs per trial, shared by its workers
+        ctx = TrialContext(hydra_context, config, Singleton.get_state(), space, str(sweep_dir),
+                           name, conf.metric, budget,
+                           run_name=config.run.name or name)
+        trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx),
+                                        {"CPU": 0, f"node:{node_ip()}": 0.001})
+        tune_path = sweep_dir / TUNE_DIR
+        if tune.Tuner.can_restore(str(tune_path)):
+            log.info("sweep %s: resuming in %s (finished trials are not run again)", name, sweep_dir)
+            # resume_errored keeps the trial id, hence its directory and checkpoints (restart_errored
+            # would make a new trial).
+            tuner = tune.Tuner.restore(str(tune_path), trainable, resume_errored=True)
+        else:
+            log.info("sweep %s: %s trials, %d at a time, in %s", name, grid, at_once, sweep_dir)
+            tuner = tune.Tuner(
+                trainable,
+                param_space=tune_space(space, conf.search),
+                tune_config=tune.TuneConfig(
+                    metric=conf.metric, mode=conf.mode, num_samples=conf.num_samples,
+                    search_alg=search_algorithm(conf, int(config.get("seed", 0)), at_once),
+                    scheduler=scheduler(conf),
+                    max_concurrent_trials=at_once if conf.search == "optuna" else None,
+                    trial_dirname_creator=lambda trial: trial.trial_id),
+                run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0),
+            )
+        results = tuner.fit()
+        rows = [trial_row(r, space, cluster.workers) for r in results]
+    summary = summarize(conf, name, sweep_dir, space, rows, at_once, budget, started)
+    paths = write_report(summary, sweep_dir)
+    failed = [r for r in rows if r["status"] == "failed"]
+    print_summary(summary, paths, failed)
+    return 1 if failed else 0
+
+
+def node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def trial_row(result, space: SweepSpace, default_workers: int) -> dict:
+    metrics = dict(result.metrics or {})
+    params = {d.key: result.config[d.key] for d in space.dimensions if d.key in result.config}
+    overrides = [d.override(params[d.key]) for d in space.dimensions if d.key in params]
+    if result.error is not None:
+        status = "failed"
+    elif metrics.get("final"):
+        status = "succeeded"
+    else:
+        status = "stopped early"  # the scheduler ended it at its last reported step
+    workers = params.get("cluster.workers", metrics.get("workers", default_workers))
+    error = None
+    if result.error is not None:
+        error = str(result.error).strip().splitlines()[-1][:500]
+    path = Path(result.path)
+    keep = {k: v for k, v in metrics.items() if k.startswith(("test_", "train_", "loss"))}
+    return {
+        "trial": path.name, "overrides": overrides, "status": status,
+        "workers": int(workers), "steps": metrics.get("step"), "metrics": keep,
+        "metric": None, "samples_per_s": metrics.get("samples_per_s"),
+        "wall_s": metrics.get("wall_s") or metrics.get("time_total_s"),
+        "restarts": metrics.get("restarts"), "error": error,
+        "run_dir": str(path.parents[1] / path.name),
+    }
+
+
+def summarize(conf: RayTuneSweeperConf, name: str, sweep_dir: Path, space: SweepSpace,
+              rows: list[dict], at_once: int, budget: float, started: float) -> dict:
+    for row in rows:
+        row["metric"] = row["metrics"].get(conf.metric)
+    done = [r for r in rows if r["status"] == "succeeded" and r["metric"] is not None]
+    pick = max if conf.mode == "max" else min
+    best = pick(done, key=lambda r: r["metric"]) if done else None
+    return {"name": name, "dir": str(sweep_dir), "search": conf.search, "metric": conf.metric,
+            "mode": conf.mode, "fixed_overrides": list(space.fixed), "max_concurrent": at_once,
+            "cpu_budget": budget, "wall_s": round(time.time() - started, 1),
+            "best": best, "trials": rows}
+
+
+def print_summary(summary: dict, paths: dict, failed: list[dict]) -> None:
+    counts: dict[str, int] = {}
+    for r in summary["trials"]:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    log.info("sweep %s done in %.0fs: %s", summary["name"], summary["wall_s"],
+             ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    print(paths["markdown"].read_text(), flush=True)
+    for r in failed:
+        print(f"error: trial {r['trial']} ({' '.join(r['overrides'])}) failed: {r['error']}",
+              file=sys.stderr, flush=True)
+    log.info("sweep record: %s", paths["json"])

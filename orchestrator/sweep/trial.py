@@ -1,0 +1,157 @@
+"""One trial of a sweep, run by Ray Tune in a trial actor on the sweep driver's node.
+
+The trial composes its config with Hydra (the sweep's overrides plus the values Tune chose),
+runs the orchestrated job through Hydra's run_job (its own output directory, .hydra files,
+log file), and meanwhile reads the job's run.json to report progress to Tune, so that a
+scheduler such as ASHA can stop a poor trial early.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, open_dict
+
+from orchestrator.sweep.space import SweepSpace
+
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What every trial needs from the sweep driver (shipped once through the object store)."""
+
+    hydra_context: Any
+    master_config: DictConfig  # the sweep-level config, Hydra's node included
+    singleton_state: Any  # Hydra's ConfigStore and plugins, as the driver has them
+    space: SweepSpace
+    sweep_dir: str
+    sweep_name: str
+    metric: str
+    cpu_budget: float  # the CPUs one trial's workers share, when cpus_per_worker is not set
+    run_name: str  # run.name, else the sweep's name: each trial appends its id
+
+
+def compose_trial(ctx: TrialContext, params: dict, trial_id: str) -> DictConfig:
+    """The trial's config; its directory and run name carry Tune's trial id, which a resumed
+    sweep keeps."""
+    from hydra.core.singleton import Singleton
+
+    Singleton.set_state(ctx.singleton_state)
+    overrides = ctx.space.overrides(params)
+    cfg = ctx.hydra_context.config_loader.load_sweep_config(ctx.master_config, overrides)
+    with open_dict(cfg):
+        cfg.hydra.sweep.dir = ctx.sweep_dir
+        cfg.hydra.sweep.subdir = trial_id
+        cfg.hydra.job.id = trial_id
+        if cfg.cluster.cpus_per_worker is None:  # concurrent trials share the cluster evenly
+            cfg.cluster.cpus_per_worker = round(min(1.0, ctx.cpu_budget / cfg.cluster.workers), 4)
+        cfg.run.name = f"{ctx.run_name}-{trial_id}"  # trials differ: each its own checkpoints
+    return cfg
+
+
+def run_trial(params: dict, ctx: TrialContext) -> None:
+    """Ray Tune's function trainable."""
+    from hydra.core.utils import run_job
+    from ray import tune
+
+    trial_id = tune.get_context().get_trial_id()
+    cfg = compose_trial(ctx, params, trial_id)
+    out_dir = Path(ctx.sweep_dir) / trial_id
+    outcome: dict[str, Any] = {}
+
+    def job() -> None:
+        try:
+            ret = run_job(hydra_context=ctx.hydra_context, task_function=_task(outcome),
+                          config=cfg, job_dir_key="hydra.sweep.dir",
+                          job_subdir_key="hydra.sweep.subdir")
+            ret.return_value  # noqa: B018  (raises the task's exception, if any)
+        except BaseException as exc:  # noqa: BLE001  (reported to Tune below)
+            outcome.setdefault("exception", exc)
+
+    # A daemon: if Tune stops this trial early, the actor exits without waiting for it, and
+    # Ray ends the job's controller and workers with their owner.
+    runner = threading.Thread(target=job, name=f"trial-{trial_id}", daemon=True)
+    runner.start()
+    progress = Progress(ctx.metric, int(cfg.cluster.workers))
+    while runner.is_alive():
+        runner.join(POLL_S)
+        update = progress.update(read_record(out_dir / "run.json"))
+        if update is not None and runner.is_alive():
+            tune.report(update)
+    record = read_record(out_dir / "run.json") or {}
+    if "exception" in outcome:
+        raise TrialFailed(f"trial {trial_id}: {outcome['exception']}") from outcome["exception"]
+    if outcome.get("code") != 0 or record.get("status") != "succeeded":
+        raise TrialFailed(f"trial {trial_id} failed (exit code {outcome.get('code')}): "
+                          f"{record.get('error') or 'see ' + str(out_dir)}")
+    final = progress.final(record)
+    if ctx.metric not in final:
+        raise TrialFailed(f"trial {trial_id}: hydra.sweeper.metric={ctx.metric!r} was not reported; "
+                          f"the run reported {', '.join(sorted(record.get('metrics', {})))}")
+    tune.report(final)
+
+
+class TrialFailed(RuntimeError):
+    pass
+
+
+def _task(outcome: dict):
+    def task(cfg: DictConfig) -> int:
+        from hydra.core.hydra_config import HydraConfig
+
+        from orchestrator.launch import launch
+
+        code = launch(cfg, Path(HydraConfig.get().runtime.output_dir), time.time())
+        outcome["code"] = code
+        return code
+
+    return task
+
+
+def read_record(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # not written yet (the record is replaced atomically, never half-written)
+
+
+class Progress:
+    """Turns successive run records into Tune reports: one per new step at which the metric
+    is known (a periodic evaluation for test_*, any progress for training metrics)."""
+
+    def __init__(self, metric: str, workers: int):
+        self.metric = metric
+        self.workers = workers
+        self.last_step = -1
+
+    def common(self, record: dict) -> dict:
+        sizes = record.get("world_sizes") or [{}]
+        return {"workers": self.workers, "world_size": sizes[-1].get("size"),
+                "samples_per_s": record.get("samples_per_s"),
+                "restarts": record.get("restarts", 0), "preemptions": record.get("preemptions", 0)}
+
+    def update(self, record: dict | None) -> dict | None:
+        if not record:
+            return None
+        evaluation = record.get("evaluation") or {}
+        if self.metric in (evaluation.get("metrics") or {}):
+            step, values = evaluation["step"], evaluation["metrics"]
+        elif self.metric in (record.get("train_metrics") or {}):
+            step, values = record.get("steps", 0), record["train_metrics"]
+        else:
+            return None
+        if step <= self.last_step:
+            return None
+        self.last_step = step
+        return {"step": step, **values, **self.common(record), "final": False}
+
+    def final(self, record: dict) -> dict:
+        return {"step": record.get("steps", 0), **(record.get("train_metrics") or {}),
+                **record.get("metrics", {}), **self.common(record),
+                "wall_s": record.get("wall_s"), "final": True}

@@ -1,0 +1,121 @@
+"""Sweeps end to end: `--multirun` trials as orchestrated runs on Ray Tune, on one real Ray
+head shared by this module; the sweep record, the scaling report, early stopping, a failing
+trial, resuming a sweep, and an invalid sweep."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli_env
+
+pytestmark = pytest.mark.slow
+
+
+def sweep(sweep_dir: Path, *overrides: str, address: str, timeout: float = 900):
+    cmd = [str(REPO / ".venv/bin/python") if (REPO / ".venv/bin/python").exists() else "python",
+           "-m", "orchestrator", "--multirun", f"hydra.sweep.dir={sweep_dir}",
+           f"cluster.address={address}", f"storage.uri={sweep_dir.parent / 'ckpt'}", *overrides]
+    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    return proc
+
+
+def record(sweep_dir: Path) -> dict:
+    return json.loads((sweep_dir / "sweep.json").read_text())
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_a_parallelism_sweep_runs_each_trial_and_writes_the_scaling_report(ray_head, tmp_path):
+    out = tmp_path / "sweep"
+    proc = sweep(out, "cluster.workers=1,2,3", "trainer.epochs=2", address=ray_head.address)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rec = record(out)
+    rows = rec["trials"]
+    assert sorted(r["overrides"][0] for r in rows) == [
+        "cluster.workers=1", "cluster.workers=2", "cluster.workers=3"]
+    assert all(r["status"] == "succeeded" for r in rows)
+    by_workers = {r["workers"]: r for r in rows}
+    assert set(by_workers) == {1, 2, 3}
+    for workers, row in by_workers.items():
+        run = json.loads((Path(row["run_dir"]) / "run.json").read_text())
+        assert run["status"] == "succeeded" and run["world_sizes"][0]["size"] == workers
+        assert row["samples_per_s"] == run["samples_per_s"] > 0
+        assert row["metric"] == run["metrics"]["test_accuracy"]
+    # Each trial kept its own checkpoints (no trial resumed another's).
+    assert len({json.loads((Path(r["run_dir"]) / "run.json").read_text())["checkpoint_uri"]
+                for r in rows}) == 3
+    base = by_workers[1]
+    assert base["speedup"] == 1.0 and base["efficiency"] == 1.0
+    assert by_workers[3]["speedup"] == pytest.approx(
+        by_workers[3]["samples_per_s"] / base["samples_per_s"], rel=1e-2)
+    # The global batch is the same at any world size: the trials end with the same model.
+    assert max(r["metric"] for r in rows) - min(r["metric"] for r in rows) <= 0.01
+    table = [line for line in (out / "scaling.md").read_text().splitlines()
+             if line.startswith("| ") and not line.startswith("| trial")]
+    assert len(table) == 3 and all("succeeded" in line for line in table)
+    width, height = png_size(out / "scaling.png")
+    assert width > 100 and height > 100
+    assert "scaling.md" not in proc.stderr and "| trial |" in proc.stdout
+
+
+def test_a_search_with_early_stopping_stops_a_poor_trial(ray_head, tmp_path):
+    out = tmp_path / "hpo"
+    # hpo=ddp_lr_workers (test loss every 20 steps, ASHA from step 40), on a grid of learning
+    # rates where two are far too small: ASHA stops at least one of them at a rung.
+    proc = sweep(out, "hpo=ddp_lr_workers", "hydra.sweeper.search=grid", "hydra.sweeper.num_samples=1",
+                 "trainer.lr=0.2,0.0002,0.0001", "cluster.workers=1", "trainer.batch_size=64",
+                 "trainer.epochs=5", "hydra.sweeper.max_concurrent=2",
+                 "hydra.sweeper.early_stopping.grace_period=20", address=ray_head.address)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rec = record(out)
+    assert rec["metric"] == "test_loss" and rec["mode"] == "min"
+    status = {r["overrides"][0]: r for r in rec["trials"]}
+    assert status["trainer.lr=0.2"]["status"] == "succeeded"
+    stopped = [r for r in rec["trials"] if r["status"] == "stopped early"]
+    assert stopped, [(r["overrides"], r["status"]) for r in rec["trials"]]
+    full = status["trainer.lr=0.2"]["steps"]
+    assert all(r["steps"] < full and r["overrides"][0] != "trainer.lr=0.2" for r in stopped)
+    assert rec["best"]["overrides"][0] == "trainer.lr=0.2"
+
+
+def test_a_failing_trial_is_recorded_and_a_rerun_skips_finished_trials(ray_head, tmp_path):
+    out = tmp_path / "failing"
+    args = ("trainer._target_=trainers.ddp.trainer.DDPTrainer,tests.user_trainers.FailsAtStep35",
+            "failure.max_restarts=0", "trainer.epochs=2")
+    first = sweep(out, *args, address=ray_head.address)
+    assert first.returncode == 1, (first.stdout + first.stderr)[-4000:]
+    rows = {r["overrides"][0].rsplit(".", 1)[-1]: r for r in record(out)["trials"]}
+    assert rows["DDPTrainer"]["status"] == "succeeded"
+    assert rows["FailsAtStep35"]["status"] == "failed"
+    assert "bad batch at step 35" in rows["FailsAtStep35"]["error"]
+    assert "FailsAtStep35" in first.stderr and "failed" in first.stderr
+    done_run = Path(rows["DDPTrainer"]["run_dir"]) / "run.json"
+    failed_run = Path(rows["FailsAtStep35"]["run_dir"]) / "run.json"
+    done_before = done_run.read_text()
+    failed_started = json.loads(failed_run.read_text())["started_at"]
+
+    again = sweep(out, *args, address=ray_head.address)
+    assert again.returncode == 1, (again.stdout + again.stderr)[-4000:]
+    assert "resuming" in again.stdout + again.stderr
+    assert done_run.read_text() == done_before  # the finished trial did not run again
+    assert json.loads(failed_run.read_text())["started_at"] > failed_started  # this one did
+    rows = {r["overrides"][0].rsplit(".", 1)[-1]: r for r in record(out)["trials"]}
+    assert rows["DDPTrainer"]["status"] == "succeeded" and rows["FailsAtStep35"]["status"] == "failed"
+
+
+def test_an_invalid_value_in_a_sweep_stops_it_before_any_trial(tmp_path):
+    out = tmp_path / "invalid"
+    proc = sweep(out, "cluster.workers=2,0", address="127.0.0.1:1", timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: cluster.workers=0 is not allowed: an integer >= 1"
+    assert not out.exists() and not (tmp_path / "ckpt").exists()

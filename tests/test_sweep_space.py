@@ -1,0 +1,100 @@
+"""The sweep's decisions without Ray: Hydra sweep syntax to a search space and back, what the
+preflight checks, the scaling arithmetic and the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.cli import CONF_DIR
+from orchestrator.config.preflight import check_command_line
+from orchestrator.errors import ConfigError
+from orchestrator.sweep.report import add_scaling, markdown
+from orchestrator.sweep.space import build_space, check_search, check_values, tune_space
+
+
+def test_command_line_sweeps_win_over_the_search_params():
+    space = build_space(["cluster.workers=1,2", "trainer.lr=0.5", "seed=3"],
+                        {"trainer.lr": "tag(log, interval(0.001, 0.1))",
+                         "trainer.batch_size": "choice(32, 64)", "trainer.epochs": "2"})
+    assert sorted(space.fixed) == ["seed=3", "trainer.epochs=2", "trainer.lr=0.5"]
+    dims = {d.key: d for d in space.dimensions}
+    assert set(dims) == {"cluster.workers", "trainer.batch_size"}
+    assert dims["cluster.workers"].values == ("1", "2")
+    assert space.overrides({"cluster.workers": "2", "trainer.batch_size": "64"})[-2:] == [
+        "trainer.batch_size=64", "cluster.workers=2"]
+
+
+def test_intervals_become_distributions_and_grid_refuses_them():
+    from ray import tune
+
+    space = build_space(["trainer.lr=tag(log, interval(0.001, 0.1))",
+                         "trainer.max_depth=tag(int, interval(2, 6))", "trainer.optimizer=sgd,adam"], {})
+    with pytest.raises(ConfigError, match="search=grid"):
+        check_search(space, "grid")
+    ps = tune_space(space, "random")
+    assert isinstance(ps["trainer.lr"].get_sampler(), tune.search.sample.LogUniform) or \
+        ps["trainer.lr"].lower == 0.001
+    assert ps["trainer.lr"].lower == 0.001 and ps["trainer.lr"].upper == 0.1
+    assert ps["trainer.max_depth"].lower == 2 and ps["trainer.max_depth"].upper == 7  # inclusive
+    assert ps["trainer.optimizer"].categories == ["sgd", "adam"]
+    grid = tune_space(build_space(["cluster.workers=1,2,4"], {}), "grid")
+    assert grid["cluster.workers"] == {"grid_search": ["1", "2", "4"]}
+    dims = {d.key: d for d in space.dimensions}
+    assert dims["trainer.max_depth"].override(3.0) == "trainer.max_depth=3"
+    assert dims["trainer.lr"].override(0.01) == "trainer.lr=0.01"
+
+
+def test_check_values_covers_every_value_and_interval_end():
+    space = build_space(["cluster.workers=1,2", "trainer.lr=interval(0.01, 0.2)"], {})
+    combos = check_values(space)
+    assert len(combos) == 4
+    assert ["cluster.workers=2", "trainer.lr=0.2"] in combos
+    # Past the limit, one dimension at a time (the fixed overrides alone first).
+    assert len(check_values(space, limit=3)) == 1 + 2 + 2
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["-m", "cluster.workers=2,0"], "cluster.workers=0"),
+    (["-m", "hpo=ddp_lr_workers", "cluster.workers=1,0"], "cluster.workers=0"),
+    (["-m", "hpo=nope"], "hpo='nope'"),
+    (["-m", "cluster.workers=1,2", "hydra.sweeper.search=bayes"], "hydra.sweeper.search"),
+    (["-m", "cluster.workers=1,2", "hydra.sweeper.mode=up"], "hydra.sweeper.mode"),
+    (["-m", "trainer.lr=interval(0.2, 0.1)", "hydra.sweeper.search=random"], "trainer.lr"),
+    (["-m", "trainer.lr=interval(0.01, 0.1)"], "search=grid"),
+    (["-m", "hpo=ddp_lr_workers", "hydra.sweeper.early_stopping.grace_period=0"],
+     "hydra.sweeper.early_stopping.grace_period"),
+    (["-m", "hpo=xgboost_depth_workers", "trainer.max_depth=1,-3"], "trainer.max_depth"),
+    (["-m", "hpo=ddp_lr_workers", "run.eval_every_steps=null"], "run.eval_every_steps"),
+])
+def test_an_invalid_value_anywhere_in_a_sweep_is_one_line(argv, key):
+    with pytest.raises(ConfigError) as err:
+        check_command_line(argv, CONF_DIR)
+    assert key in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["ddp_lr_workers", "xgboost_depth_workers", "lightgbm_leaves_workers",
+                                  "mwms_lr_workers"])
+def test_every_shipped_search_composes_for_every_value(name):
+    assert check_command_line(["-m", f"hpo={name}"], CONF_DIR) >= 2
+
+
+def test_scaling_compares_trials_that_differ_only_in_workers():
+    rows = [
+        {"trial": "a", "overrides": ["cluster.workers=1", "trainer.lr=0.1"], "workers": 1,
+         "samples_per_s": 100.0, "status": "succeeded", "metric": 0.9},
+        {"trial": "b", "overrides": ["cluster.workers=4", "trainer.lr=0.1"], "workers": 4,
+         "samples_per_s": 300.0, "status": "succeeded", "metric": 0.9},
+        {"trial": "c", "overrides": ["cluster.workers=2", "trainer.lr=0.2"], "workers": 2,
+         "samples_per_s": 150.0, "status": "succeeded", "metric": 0.8},
+        {"trial": "d", "overrides": ["cluster.workers=8", "trainer.lr=0.1"], "workers": 8,
+         "samples_per_s": None, "status": "failed", "metric": None},
+    ]
+    add_scaling(rows)
+    assert rows[1]["speedup"] == 3.0 and rows[1]["efficiency"] == 0.75
+    assert rows[2]["speedup"] == 1.0  # its own group: the only trial with lr=0.2
+    assert rows[3]["speedup"] is None
+    text = markdown({"name": "s", "metric": "test_accuracy", "mode": "max", "search": "grid",
+                     "trials": rows, "max_concurrent": 2, "cpu_budget": 1.0, "wall_s": 10.0,
+                     "best": rows[0]})
+    table = [line for line in text.splitlines() if line.startswith("| ") and "trial" not in line]
+    assert len(table) == 4 and "| 0.75 |" in table[2 if table[2].startswith("| b") else 1]
