@@ -17,14 +17,19 @@ from ray.train import LoggingConfig
 RAY_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.data")
 
 
+def ray_level(verbose: bool) -> int:
+    """Verbose is what Ray printed before this setting existed: its warnings, not its INFO."""
+    return logging.WARNING if verbose else logging.ERROR
+
+
 def ray_init_kwargs(verbose: bool) -> dict[str, Any]:
-    return {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
+    return {"log_to_driver": verbose, "logging_level": ray_level(verbose)}
 
 
 def quiet_ray_loggers(verbose: bool) -> None:
     """Ray's loggers in this (the driver's) process: warnings that are Ray's business, such as
     the token-authentication notice, only with log.ray_verbose (set before ray.init logs)."""
-    level = logging.INFO if verbose else logging.ERROR
+    level = ray_level(verbose)
     for name in RAY_LOGGERS:
         logging.getLogger(name).setLevel(level)
 
