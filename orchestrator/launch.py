@@ -59,7 +59,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                        plan.run_storage.uri, started_at=started_at)
     record_path = output_dir / "run.json"
     try:
-        with RaySession(cfg.cluster, controller_env(cfg)) as session:
+        with RaySession(cfg.cluster, controller_env(cfg, trainer_cls)) as session:
             if session.dashboard_url:
                 log.info("Ray dashboard: %s (token in ~/.ray/auth_token)", session.dashboard_url)
             where = f"resuming at step {plan.resume_step}" if plan.resume_step else "from scratch"
@@ -97,10 +97,12 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     return code
 
 
-def controller_env(cfg) -> dict[str, str]:
+def controller_env(cfg, trainer_cls: type[Trainer]) -> dict[str, str]:
     """Ray Train's own knobs, read by its controller: a silent worker fails after
-    failure.hang_timeout_s (Ray's default is 10 minutes)."""
-    return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(cfg.failure.hang_timeout_s)}
+    failure.hang_timeout_s (Ray's default is 10 minutes); the trainer's backend may add some."""
+    hang = cfg.failure.hang_timeout_s
+    return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(hang),
+            **trainer_cls.controller_env(hang)}
 
 
 def worker_env(trainer_cls: type[Trainer]) -> dict[str, str]:

@@ -108,17 +108,23 @@ def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
                      f"storage.uri={tmp_path / 'ckpt'}", "trainer.epochs=150",
                      "checkpoint.every_steps=100", "failure.hang_timeout_s=10")
     rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, tmp_path / "a")
-    victim = rec["workers"][1]["pid"]
+    victim, healthy = rec["workers"][1]["pid"], rec["workers"][0]["pid"]
     os.kill(victim, signal.SIGSTOP)
     stopped_at = time.time()
-    rec = wait_for(lambda r: len(r.get("world_sizes", [])) == 2, tmp_path / "a")
-    detected_in = time.time() - stopped_at
+    deadline = stopped_at + 120
+    while alive_pid(healthy) and time.time() < deadline:
+        time.sleep(0.2)
+    torn_down_in = time.time() - stopped_at
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
     rec = read_record(tmp_path / "a")
     assert rec["status"] == "succeeded" and rec["restarts"] == 1
-    # Detected after the 10 s timeout, not torch's 30-minute default (plus a group restart).
-    assert detected_in < 10 + 60, detected_in
+    assert victim not in [w["pid"] for w in rec["workers"]]
+    # The old group is gone ~17 s after the hang: 10 s of silence (not torch's 30-minute
+    # collective timeout), at most 2 s asking the workers to leave the process group (Ray's
+    # default waits 30 s for the hung one), Ray's fixed 5 s of patience before killing them.
+    # What follows (a new worker group, ~20 s here) is Ray start-up.
+    assert torn_down_in < 10 + 20, torn_down_in
 
 
 @pytest.mark.slow
