@@ -62,7 +62,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     record_path = output_dir / "run.json"
     tensorboard_dir = output_dir / "tensorboard" if cfg.log.tensorboard else None
     try:
-        with RaySession(cfg.cluster, controller_env(cfg.failure.hang_timeout_s),
+        with RaySession(cfg.cluster, controller_env(cfg.failure.hang_timeout_s, trainer_cls),
                         cfg.log.ray_verbose) as session:
             if session.dashboard_url:
                 log.info("Ray dashboard: %s (%s)", session.dashboard_url,
@@ -131,10 +131,11 @@ def describe_workers(scaling: dict) -> str:
     return f"{scaling['resources_per_worker']} * {count}"
 
 
-def controller_env(hang_timeout_s: float) -> dict[str, str]:
+def controller_env(hang_timeout_s: float, trainer_cls: type[Trainer]) -> dict[str, str]:
     """Ray Train's own knobs, read by its controller: a silent worker fails after
-    failure.hang_timeout_s (Ray's default is 10 minutes)."""
-    return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(hang_timeout_s)}
+    failure.hang_timeout_s (Ray's default is 10 minutes); the trainer's backend may add some."""
+    return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(hang_timeout_s),
+            **trainer_cls.controller_env(hang_timeout_s)}
 
 
 def worker_env(trainer_cls: type[Trainer]) -> dict[str, str]:

@@ -101,6 +101,12 @@ class RaySession:
             address = resolve_address(c.address)
             probe(address)
             use_token_auth_if_available()
+            # Ray Train's PlacementGroupCleaner asks the state API whether our controller is
+            # alive without an address: it resolves the cluster `ray start` last recorded on
+            # the machine (/tmp/ray/ray_current_cluster), and when that is another cluster it
+            # finds no controller and removes our workers' placement group (a restart with no
+            # error). RAY_ADDRESS in every process of the job pins it to this cluster.
+            quiet["runtime_env"]["env_vars"] = {**self.env_vars, "RAY_ADDRESS": address}
             context = ray.init(address=address, **quiet)
         else:
             context = ray.init(

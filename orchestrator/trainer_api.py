@@ -38,6 +38,11 @@ class Trainer(ABC):
         return {}
 
     @classmethod
+    def controller_env(cls, hang_timeout_s: float) -> dict[str, str]:
+        """Environment variables for Ray Train's controller (its backend's own timeouts)."""
+        return {}
+
+    @classmethod
     def worker_env(cls) -> dict[str, str]:
         """Environment variables the workers need before their first import."""
         return {}

@@ -26,7 +26,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.local_cluster import add_node, clean_env, start_head, stop_head  # noqa: E402
+from scripts.local_cluster import (  # noqa: E402
+    add_node,
+    clean_env,
+    node_of,
+    start_head,
+    stop_head,
+)
 
 KINDS = ("worker_kill", "node_kill", "preemption", "hang")
 JOBS = {
@@ -61,16 +67,6 @@ def launch(run_dir: Path, address: str, storage: Path, overrides: list[str], nam
            "failure.hang_timeout_s=10", "failure.preemption_check_steps=5", *overrides]
     log = open(run_dir.parent / f"{name}.log", "w")
     return subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
-
-
-def node_of(pid: int, nodes: list[subprocess.Popen]) -> subprocess.Popen | None:
-    """Each `ray start` runs in a session of its own (its pid is the session id), and the
-    workers its raylet starts stay in that session (each in its own process group)."""
-    try:
-        session = os.getsid(pid)
-    except ProcessLookupError:
-        return None
-    return next((n for n in nodes if n.pid == session), None)
 
 
 def inject(kind: str, rec: dict, nodes: list, head, tmp: Path, rng: random.Random) -> str:

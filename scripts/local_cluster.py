@@ -66,21 +66,38 @@ def node_env() -> dict:
     return clean_env({"RAY_AUTH_MODE": "token"} if token.exists() else {})
 
 
-def add_node(head: RayHead, tmp: Path, num_cpus: int = 2) -> subprocess.Popen:
-    """A worker node (its own raylet) joining the head; stop it like the head."""
-    log_path = tmp / f"ray-node-{time.time_ns()}.log"
-    proc = subprocess.Popen(
-        [RAY, "start", "--block", f"--address={head.address}", f"--num-cpus={num_cpus}",
-         "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
-        stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=node_env(), start_new_session=True,
-    )
-    deadline = time.time() + 90
-    while "block forever" not in log_path.read_text():
-        if proc.poll() is not None or time.time() > deadline:
-            stop_head(proc)
-            raise RuntimeError(f"ray start --address failed: {log_path.read_text()[-2000:]}")
-        time.sleep(0.5)
-    return proc
+def add_node(head: RayHead, tmp: Path, num_cpus: int = 2, attempts: int = 2) -> subprocess.Popen:
+    """A worker node (its own raylet) joining the head; stop it like the head. On a loaded
+    machine a raylet can miss its 30 s registration window (hard-coded in Ray 2.60): try again."""
+    for attempt in range(1, attempts + 1):
+        log_path = tmp / f"ray-node-{time.time_ns()}.log"
+        proc = subprocess.Popen(
+            [RAY, "start", "--block", f"--address={head.address}", f"--num-cpus={num_cpus}",
+             "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
+            stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=node_env(),
+            start_new_session=True,
+        )
+        deadline = time.time() + 150
+        while "block forever" not in log_path.read_text():
+            if proc.poll() is not None or time.time() > deadline:
+                stop_head(proc)
+                if attempt == attempts:
+                    raise RuntimeError(f"ray start --address failed: {log_path.read_text()[-2000:]}")
+                break
+            time.sleep(0.5)
+        else:
+            return proc
+    raise AssertionError("unreachable")
+
+
+def node_of(pid: int, nodes: list[subprocess.Popen]) -> subprocess.Popen | None:
+    """The `ray start` node a worker process runs on: each node runs in a session of its own
+    (its pid is the session id), and the workers its raylet starts stay in that session."""
+    try:
+        session = os.getsid(pid)
+    except ProcessLookupError:
+        return None
+    return next((n for n in nodes if n.pid == session), None)
 
 
 def stop_head(proc: subprocess.Popen) -> None:

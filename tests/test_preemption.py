@@ -1,47 +1,110 @@
-"""Preemption on a real multi-node Ray cluster: the notice makes every worker checkpoint at the
-next step boundary and hold until the deadline, so the restart loses no step."""
+"""Preemption on a real multi-node Ray cluster, for every trainer: a notice (SIGTERM to a
+`ray start` node, or `ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`) makes every worker
+checkpoint at the next step boundary and hold until the deadline, so the restart loses no step."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
 
 import pytest
 
+from scripts.local_cluster import RAY, node_env, node_of
 from tests.conftest import add_node, start_head, stop_head
 from tests.test_faults import read_record, start_run, wait_for
 
+# Each job must outlast the notice: Ray polls for drains every 5 s and the workers look for a
+# notice every failure.preemption_check_steps (10) steps, so the notice reaches them within
+# ~6 s; these jobs have 30 s or more of steps left when the node is preempted.
+BOOSTING = ["data=synthetic", "data.rows=50000", "trainer.num_boost_round=1200"]
+JOBS = {
+    "ddp": ["trainer=ddp", "trainer.epochs=300"],
+    "mwms": ["trainer=mwms", "trainer.epochs=150"],
+    "xgboost": ["trainer=xgboost", "trainer.max_depth=4", *BOOSTING],
+    "lightgbm": ["trainer=lightgbm", "trainer.num_leaves=15", *BOOSTING],
+}
+DRAIN_DEADLINE_S = 30  # what Ray gives a SIGTERMed node too (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S)
+
 
 @pytest.fixture(scope="module")
-def cluster_without_cpus_on_head(tmp_path_factory):
-    """A head that runs no training worker, so the workers live on nodes we can preempt."""
+def preemptible_cluster(tmp_path_factory):
+    """A head that runs no training worker, and one 2-CPU node the workers live on. Each test
+    preempts the node its workers run on and adds the replacement the next test uses."""
     tmp = tmp_path_factory.mktemp("ray-preemption")
     head = start_head(tmp, num_cpus=0)
-    nodes: list = []
+    nodes = [add_node(head, tmp, num_cpus=2)]
     yield head, tmp, nodes
     for proc in nodes:
         stop_head(proc)
     stop_head(head.process)
 
 
-@pytest.mark.slow
-def test_sigterm_to_a_node_saves_before_the_deadline_and_loses_no_step(cluster_without_cpus_on_head, tmp_path):
-    head, tmp, nodes = cluster_without_cpus_on_head
-    nodes.append(add_node(head, tmp, num_cpus=2))
+def start_job(head, tmp_path, trainer: str):
     proc = start_run(tmp_path / "run", f"cluster.address={head.address}",
-                     f"storage.uri={tmp_path / 'ckpt'}", "trainer.epochs=300",
-                     "checkpoint.every_steps=500", "cluster.cpus_per_worker=1")
-    wait_for(lambda r: r.get("steps", 0) > 50 and len(r.get("workers", [])) == 2, tmp_path / "run")
-    nodes[0].send_signal(signal.SIGTERM)  # what a cloud does to a spot VM: Ray drains the node
-    nodes.append(add_node(head, tmp, num_cpus=2))  # the replacement capacity
+                     f"storage.uri={tmp_path / 'ckpt'}", "checkpoint.every_steps=500",
+                     "cluster.cpus_per_worker=1", *JOBS[trainer])
+    rec = wait_for(lambda r: r.get("steps", 0) > 20 and len(r.get("workers", [])) == 2,
+                   tmp_path / "run")
+    return proc, rec
+
+
+def finish(proc, tmp_path) -> tuple[dict, str]:
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
-    rec = read_record(tmp_path / "run")
+    return read_record(tmp_path / "run"), out
+
+
+def assert_saved_at_the_notice(rec: dict, out: str) -> dict:
     assert rec["status"] == "succeeded"
-    assert rec["preemptions"] == 1 and rec["restarts"] == 0
+    assert rec["preemptions"] == 1 and rec["restarts"] == 0, rec["failures"]
     notice = rec["preemption_notices"][0]
-    assert notice["deadline_in_s"] > 0 and notice["nodes"]
+    assert 0 < notice["deadline_in_s"] <= DRAIN_DEADLINE_S and notice["nodes"], notice
     # The checkpoint was taken at the notice's step, and the restart began exactly there.
     assert notice["step"] in [c["step"] for c in rec["checkpoints"]]
-    assert rec["world_sizes"][1]["step"] == notice["step"]
+    assert [w["step"] for w in rec["world_sizes"]] == [0, notice["step"]], rec["world_sizes"]
     assert rec["lost_steps"] == 0
     assert "preemption notice" in out and f"checkpointing at step {notice['step']}" in out
+    return notice
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", list(JOBS))
+def test_sigterm_to_a_node_saves_before_the_deadline_and_loses_no_step(preemptible_cluster,
+                                                                       tmp_path, trainer):
+    head, tmp, nodes = preemptible_cluster
+    proc, rec = start_job(head, tmp_path, trainer)
+    node = node_of(rec["workers"][0]["pid"], nodes)
+    assert node is not None and node is node_of(rec["workers"][1]["pid"], nodes)
+    nodes.remove(node)
+    node.send_signal(signal.SIGTERM)  # what a cloud does to a spot VM: Ray drains the node
+    nodes.append(add_node(head, tmp, num_cpus=2))  # the replacement capacity
+    try:
+        rec, out = finish(proc, tmp_path)
+    finally:
+        stop_head(node)
+    notice = assert_saved_at_the_notice(rec, out)
+    assert notice["step"] < rec["steps"]  # the notice came in the middle of the run
+
+
+@pytest.mark.slow
+def test_ray_drain_node_with_reason_preemption_saves_at_the_notice(preemptible_cluster, tmp_path):
+    head, tmp, nodes = preemptible_cluster
+    proc, rec = start_job(head, tmp_path, "ddp")
+    node_id = rec["workers"][0]["node"]
+    drained = node_of(rec["workers"][0]["pid"], nodes)
+    drain = subprocess.run(
+        [RAY, "drain-node", f"--address={head.address}", f"--node-id={node_id}",
+         "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot instance reclaimed",
+         f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"],
+        env=node_env(), capture_output=True, text=True, timeout=120)
+    assert drain.returncode == 0, drain.stdout + drain.stderr
+    nodes.append(add_node(head, tmp, num_cpus=2))  # the replacement capacity
+    try:
+        rec, out = finish(proc, tmp_path)
+    finally:
+        # `ray drain-node` does not take the node away; the cloud would, at the deadline.
+        nodes.remove(drained)
+        stop_head(drained)
+    notice = assert_saved_at_the_notice(rec, out)
+    assert notice["nodes"] == [node_id]
+    assert all(w["node"] != node_id for w in rec["workers"])  # the restart avoided it

@@ -83,7 +83,7 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     from hydra.core.singleton import Singleton
     from ray import tune
 
-    from orchestrator.launch import controller_env
+    from orchestrator.launch import controller_env, trainer_class
     from orchestrator.ray_session import RaySession
 
     started = time.time()
@@ -97,7 +97,9 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
 
     # Trials import the user's modules (a trainer._target_ of theirs) from the command's
     # directory, as the workers do.
-    env = {**controller_env(float(config.failure.hang_timeout_s)),
+    # The controllers of all trials share the session's environment: the base trainer's knobs.
+    base_trainer = trainer_class(str(config.trainer._target_))
+    env = {**controller_env(float(config.failure.hang_timeout_s), base_trainer),
            "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     # Trials print through Ray's worker-output channel (no recorder of the sweep relays them
     # yet), so a sweep streams it whatever log.ray_verbose says.

@@ -46,6 +46,13 @@ class DDPTrainer(Trainer):
         return {"torch_config": torch_config}
 
     @classmethod
+    def controller_env(cls, hang_timeout_s: float) -> dict[str, str]:
+        # Replacing a worker group first asks every worker to leave the process group and
+        # waits up to 30 s (Ray's default) for all of them: a hung worker never answers, and
+        # the workers are killed right after anyway. Healthy ones leave in milliseconds.
+        return {"TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": "2"}
+
+    @classmethod
     def check_config(cls, config: Mapping[str, Any]) -> None:
         check_model_target(config)
 
