@@ -11,7 +11,7 @@ import pytest
 
 from scripts.benchmarks import boosting, ddp_throughput, fixed_cost, memory, recovery
 from scripts.benchmarks.common import REPO, Goal, median, order_for, paired_ratios, ratio
-from scripts.benchmarks.proctree import kind_of, summarize_peaks
+from scripts.benchmarks.proctree import kind_of, summarize_peaks, title_of
 from scripts.benchmarks.report import figure_rows, markdown
 
 
@@ -81,6 +81,8 @@ def test_memory_peaks_by_kind():
     assert kind_of("python -m orchestrator", True) == "driver"
     assert kind_of("ray::RayTrainWorker.run_train_fn", False) == "train_worker"
     assert kind_of("/x/raylet --node", False) == "ray_system"
+    assert title_of("ray::TrainController.run") == "ray::TrainController"
+    assert title_of("/v/bin/python -u /v/ray/_private/log_monitor.py --x") == "log_monitor.py"
     peaks = summarize_peaks({1: 2048, 2: 1024, 3: 3072, 4: 512},
                             {1: "driver", 2: "train_worker", 3: "train_worker", 4: "ray_system"},
                             8192)
@@ -113,3 +115,4 @@ def test_arguments_parse(argv):
     spec.loader.exec_module(bench)
     args = bench.parser().parse_args(argv)
     assert args.name == argv[0] and isinstance(args, Namespace)
+

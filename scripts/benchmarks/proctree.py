@@ -12,7 +12,9 @@ from pathlib import Path
 
 # Ray names its worker processes after what they run (setproctitle): "ray::RayTrainWorker...".
 KINDS = (("RayTrainWorker", "train_worker"), ("TrainController", "controller"),
-         ("RunRecorder", "recorder"), ("ray::IDLE", "idle_worker"), ("ray::", "other_actor"),
+         ("RunRecorder", "recorder"), ("ray::IDLE", "idle_worker"),
+         ("DashboardAgent", "ray_system"), ("RuntimeEnvAgent", "ray_system"),
+         ("ray::", "other_actor"),
          ("raylet", "ray_system"), ("gcs_server", "ray_system"), ("dashboard", "ray_system"),
          ("log_monitor", "ray_system"), ("monitor.py", "ray_system"),
          ("runtime_env", "ray_system"), ("agent", "ray_system"))
@@ -22,6 +24,16 @@ def kind_of(cmdline: str, is_root: bool) -> str:
     if is_root:
         return "driver"
     return next((kind for needle, kind in KINDS if needle in cmdline), "other")
+
+
+def title_of(command: str) -> str:
+    """'ray::TrainController.run' -> 'ray::TrainController'; a Python process -> its script."""
+    words = command.split()
+    title = words[0].rpartition("/")[2]
+    if title.startswith("python") and len(words) > 1:
+        title = words[2] if words[1] in ("-m", "-u") and len(words) > 2 else words[1]
+        title = title.rpartition("/")[2]
+    return title.split(".")[0] if title.startswith("ray::") else title[:60]
 
 
 def parents() -> dict[int, int]:
@@ -65,6 +77,18 @@ def start_time(pid: int) -> str | None:
         return None
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def peak_kb(pid: int) -> tuple[int, int]:
     """(VmHWM, VmRSS) in kB: the peak and current resident set, from /proc."""
     hwm = rss = 0
@@ -81,14 +105,18 @@ def peak_kb(pid: int) -> tuple[int, int]:
 
 
 class TreeWatcher:
-    """Polls a process and its descendants: per pid the peak RSS and what it is (the newest
-    non-idle name wins: an idle Ray worker may become an actor)."""
+    """Polls a process and its descendants: per pid the peak RSS, the CPU seconds used (up to
+    the last poll it was seen in) and what it is (the newest non-idle name wins: an idle Ray
+    worker may become an actor). CPU seconds are what a loaded machine cannot blur: wall time
+    there is mostly waiting for a core."""
 
     def __init__(self, root_pid: int, every_s: float = 0.5):
         self.root_pid = root_pid
         self.every_s = every_s
         self.peaks: dict[int, int] = {}
         self.kinds: dict[int, str] = {}
+        self.cpu: dict[int, float] = {}
+        self.titles: dict[int, str] = {}
         self.total_rss_peak_kb = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -111,9 +139,11 @@ class TreeWatcher:
             hwm, rss = peak_kb(pid)
             total += rss
             self.peaks[pid] = max(self.peaks.get(pid, 0), hwm)
+            self.cpu[pid] = max(self.cpu.get(pid, 0.0), cpu_s(pid))
             kind = kind_of(command, pid == self.root_pid)
             if kind != "idle_worker" or pid not in self.kinds:
                 self.kinds[pid] = kind
+                self.titles[pid] = title_of(command)
         self.total_rss_peak_kb = max(self.total_rss_peak_kb, total)
 
     def _loop(self) -> None:
@@ -124,7 +154,23 @@ class TreeWatcher:
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join()
-        return summarize_peaks(self.peaks, self.kinds, self.total_rss_peak_kb)
+        out = summarize_peaks(self.peaks, self.kinds, self.total_rss_peak_kb)
+        out.update(summarize_cpu(self.cpu, self.kinds, self.titles))
+        return out
+
+
+def summarize_cpu(cpu: dict[int, float], kinds: dict[int, str], titles: dict[int, str]) -> dict:
+    """CPU seconds in all, per kind of process and per process title (a Ray actor's class)."""
+    by_kind: dict[str, float] = {}
+    by_title: dict[str, float] = {}
+    for pid, seconds in cpu.items():
+        kind = kinds.get(pid, "other")
+        by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+        title = titles.get(pid, "?")
+        by_title[title] = by_title.get(title, 0.0) + seconds
+    return {"cpu_s": round(sum(cpu.values()), 2),
+            "cpu_s_by_kind": {k: round(v, 2) for k, v in sorted(by_kind.items())},
+            "cpu_s_by_title": {k: round(v, 2) for k, v in sorted(by_title.items())}}
 
 
 def summarize_peaks(peaks: dict[int, int], kinds: dict[int, str], total_kb: int) -> dict:
