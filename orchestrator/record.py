@@ -47,6 +47,9 @@ class RunRecord:
     time_to_first_step_s: float | None = None
     wall_s: float | None = None
     samples_per_s: float | None = None
+    # The current worker group's rate from the end of its first step to its newest step:
+    # start-up, restore and the first step's warm-up left out (what benchmarks compare).
+    steady_samples_per_s: float | None = None
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     workers: list[dict] = field(default_factory=list)  # the current group: rank, pid, node
@@ -56,6 +59,7 @@ class RunRecord:
     started_at: float = field(default_factory=time.time)
     _first_group_at: float | None = None
     _last_step_at: float | None = None
+    _steady_from: tuple[float, int] | None = None  # (time, samples) at the group's first step
     _errors: list = field(default_factory=list)  # (worker group index, WorkerError)
     _group: int = 0  # worker groups seen so far (the first worker of each one counts it)
     _preempted_since_start: bool = False
@@ -83,6 +87,7 @@ class RunRecord:
         self.world_sizes.append({"size": world_size, "step": step, "at_s": round(at - self.started_at, 3)})
         self.steps = step
         self.total_steps = total_steps or self.total_steps
+        self._steady_from = None
         return kind
 
     def progress(self, step: int, samples: int, metrics: dict, at: float) -> None:
@@ -93,6 +98,13 @@ class RunRecord:
         self.train_metrics = dict(metrics)
         self._last_step_at = at
         self._update_rate()
+        if self._steady_from is None:
+            self._steady_from = (at, self.samples)
+            if self.world_sizes:  # when the group's first step ended (recovery time)
+                self.world_sizes[-1]["first_step_at_s"] = round(at - self.started_at, 3)
+        elif at > self._steady_from[0]:
+            rate = (self.samples - self._steady_from[1]) / (at - self._steady_from[0])
+            self.steady_samples_per_s = round(rate, 1)
 
     def evaluated(self, step: int, metrics: dict) -> None:
         self.evaluation = {"step": step, "metrics": dict(metrics)}

@@ -95,7 +95,7 @@ class DDPTrainer(Trainer):
         for step in range(start_step, s.total_steps):
             rows = torch.from_numpy(self.order.shard(step, s.rank, world))
             x, y = self.x_train[rows].to(self.device), self.y_train[rows].to(self.device)
-            torch.manual_seed(step_seed(s.seed, step, s.rank))
+            self._seed_step(step_seed(s.seed, step, s.rank))
             loss_sum = F.cross_entropy(self.model(x), y, reduction="sum")
             # DDP averages gradients over ranks; scaled so, the result is the mean over the
             # global batch even when ranks hold different numbers of rows.
@@ -105,6 +105,14 @@ class DDPTrainer(Trainer):
             self.optimizer.step()
             local_mean = loss_sum.item() / max(1, len(rows))
             s.step_done(step + 1, {"loss": local_mean}, samples=self.batch_size)
+
+    def _seed_step(self, seed: int) -> None:
+        """What torch.manual_seed does for the devices in use, without its cost: on a CPU-only
+        machine it also queues lazy seeding calls for CUDA, XPU and MTIA, each formatting a
+        stack trace (~0.1-0.5 ms a step, 3% of a small model's step time)."""
+        torch.random.default_generator.manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(seed)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

@@ -1,0 +1,124 @@
+"""The orchestrator's cost against raw Ray Train, torchrun and plain frameworks (issue 8).
+
+    python scripts/bench.py all                  # every benchmark below, one JSON document
+    python scripts/bench.py ddp_throughput --repeats 3 --markdown bench.md
+
+Benchmarks (scripts/benchmarks/*.py; baselines in scripts/baselines/, each runnable alone):
+  ddp_throughput  steady-state samples/s: orchestrator vs a plain Ray Train script and torchrun
+  fixed_cost      a short job's command start to first step and to exit, vs plain Ray Train
+  recovery        a worker kill to the next finished step, vs a cold start of the same job
+  boosting        orchestrated XGBoost/LightGBM on 2 workers vs single-process train()
+  memory          peak RSS of the driver and each worker, default job vs plain Ray Train
+
+Every comparison runs its sides in the same run, interleaved (A B, then B A, ...), and reports
+ratios of medians: the machine is shared and noisy, absolute times mean little. The load
+average at start and end is in the JSON. Prints the JSON on stdout and writes a Markdown
+summary (--markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scripts.benchmarks.common import loadavg, progress  # noqa: E402
+from scripts.benchmarks.report import markdown  # noqa: E402
+
+BENCHMARKS = ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", choices=(*BENCHMARKS, "all"))
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats per benchmark")
+    p.add_argument("--markdown", default="bench.md", help="where to write the Markdown summary")
+    p.add_argument("--json", default=None, help="also write the JSON here")
+    p.add_argument("--workdir", default=None, help="keep logs and run folders here")
+    g = p.add_argument_group("sizes")
+    g.add_argument("--ddp-rows", type=int, default=100_000)
+    g.add_argument("--ddp-batch", type=int, default=512, help="global batch (per worker: /2)")
+    g.add_argument("--ddp-steps", type=int, default=2000)
+    g.add_argument("--fixed-epochs", type=int, default=10,
+                   help="digits epochs of the short job (10: the default job)")
+    g.add_argument("--fixed-variants", default="",
+                   help="comma-separated orchestrator variants (fixed_cost.VARIANTS), or ''")
+    g.add_argument("--sweep-trials", type=int, default=0,
+                   help="also time a sweep of N trials (0: skip)")
+    g.add_argument("--recovery-kill-step", type=int, default=120)
+    g.add_argument("--recovery-checkpoint-every", type=int, default=50)
+    g.add_argument("--recovery-rank", type=int, default=1)
+    g.add_argument("--boost-rows", type=int, default=1_000_000)
+    g.add_argument("--boost-frameworks", default="xgboost,lightgbm")
+    g.add_argument("--boost-repeats", type=int, default=None,
+                   help="repeats for boosting (default: --repeats)")
+    return p
+
+
+def machine() -> dict:
+    import ray
+    import torch
+
+    mem_kb = int(Path("/proc/meminfo").read_text().split()[1])  # MemTotal
+    return {"cpus": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1),
+            "gpu": False, "python": platform.python_version(), "ray": ray.__version__,
+            "torch": torch.__version__, "platform": platform.platform()}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
+    args.fixed_variants = [v for v in args.fixed_variants.split(",") if v]
+    args.boost_frameworks = [f for f in args.boost_frameworks.split(",") if f]
+    names = BENCHMARKS if args.name == "all" else (args.name,)
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="bench-")).resolve()
+    doc = {"command": "python scripts/bench.py " + " ".join(argv or sys.argv[1:]),
+           "date": datetime.date.today().isoformat(), "machine": machine(),
+           "loadavg_start": loadavg(), "repeats": args.repeats, "workdir": str(root),
+           "benchmarks": {}}
+    started = time.time()
+    for name in names:
+        progress(f"{name}: starting (load {loadavg()})")
+        work = root / name
+        work.mkdir(parents=True, exist_ok=True)
+        module = importlib.import_module(f"scripts.benchmarks.{name}")
+        repeats = args.repeats
+        if name == "boosting" and args.boost_repeats:
+            args.repeats = args.boost_repeats
+        begun = time.time()
+        try:
+            shared = doc["benchmarks"].get("fixed_cost", {}).get("runs")
+            if name == "memory" and shared:  # the same runs, read for their memory
+                result = module.from_runs(shared)
+            else:
+                result = module.run(args, work)
+        except Exception as exc:  # one benchmark failing leaves the others' figures
+            result = {"error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
+        finally:
+            args.repeats = repeats
+        result["elapsed_s"] = round(time.time() - begun, 1)
+        result["loadavg_end"] = loadavg()
+        doc["benchmarks"][name] = result
+        progress(f"{name}: done in {result['elapsed_s']}s")
+    doc["elapsed_s"] = round(time.time() - started, 1)
+    doc["loadavg_end"] = loadavg()
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(doc))
+    return doc
+
+
+if __name__ == "__main__":
+    main()

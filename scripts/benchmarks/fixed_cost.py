@@ -1,0 +1,111 @@
+"""Fixed cost of a short job: command start to first finished step and to exit, the
+orchestrator against the plain Ray Train script (scripts/baselines/ray_train_ddp.py) on the
+same short DDP job (the default job: digits, 10 epochs, 220 steps), interleaved. Each run's
+process tree is polled for memory (scripts/benchmarks/memory.py reads it). Optional variants of
+the orchestrator (other settings) run as extra sides; with --sweep-trials, a sweep's cost per
+trial (one Ray session for all)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from scripts.benchmarks.common import (
+    BASELINES,
+    ORCHESTRATOR,
+    PYTHON,
+    Goal,
+    figure,
+    first_step_at,
+    interleave,
+    median,
+    orchestrator_cmd,
+    paired_ratios,
+    progress,
+    ratio,
+    read_json,
+    run_timed,
+)
+from scripts.benchmarks.memory import run_watched
+
+GOAL = Goal("<=", 1.0)
+# Orchestrator settings worth measuring against the default: name -> (overrides, environment).
+VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "no_dashboard": (["cluster.dashboard=false"], {}),
+}
+
+
+def run(args: argparse.Namespace, work: Path) -> dict:
+    epochs = args.fixed_epochs
+    spec = {"data": "digits", "epochs": epochs, "steps": 22 * epochs, "batch_size": 64,
+            "workers": 2}
+
+    def orchestrated(name: str, overrides: list[str], env: dict[str, str]):
+        def side(i: int) -> dict:
+            run_dir = work / f"{name}-{i}"
+            timed, peaks = run_watched(
+                orchestrator_cmd(run_dir, f"trainer.epochs={epochs}", *overrides),
+                work / f"{name}-{i}.log", env=env)
+            rec = read_json(run_dir / "run.json")
+            return {"to_exit_s": timed.wall_s,
+                    "to_first_step_s": round(first_step_at(rec) - timed.started_at, 3),
+                    "steps": rec.get("steps"), "memory": peaks}
+        return side
+
+    def ray_train(i: int) -> dict:
+        out = work / f"ray_train-{i}.json"
+        timed, peaks = run_watched([PYTHON, str(BASELINES / "ray_train_ddp.py"),
+                                    "--epochs", str(epochs), "--out", str(out)],
+                                   work / f"ray_train-{i}.log")
+        res = read_json(out)
+        return {"to_exit_s": timed.wall_s,
+                "to_first_step_s": round(res["first_step_at"] - timed.started_at, 3),
+                "steps": res.get("steps"), "memory": peaks}
+
+    sides = {"orchestrator": orchestrated("orchestrator", [], {}), "ray_train": ray_train}
+    for name in args.fixed_variants:
+        overrides, env = VARIANTS[name]
+        sides[f"orchestrator_{name}"] = orchestrated(f"orchestrator_{name}", overrides, env)
+    runs = interleave(sides, args.repeats, log=lambda m: progress(f"fixed_cost {m}"))
+    result = summarize(spec, runs)
+    if args.sweep_trials:
+        result["sweep"] = sweep_cost(args, work, epochs, result)
+    return result
+
+
+def summarize(spec: dict, runs: dict[str, list[dict]]) -> dict:
+    def med(side: str, key: str) -> float | None:
+        return median([r[key] for r in runs[side]])
+
+    medians = {side: {key: med(side, key) for key in ("to_exit_s", "to_first_step_s")}
+               for side in runs}
+    figures = {}
+    for key in ("to_exit_s", "to_first_step_s"):
+        figures[f"{key}_vs_ray_train"] = figure(
+            ratio(medians["orchestrator"][key], medians["ray_train"][key]), GOAL,
+            paired=paired_ratios([r[key] for r in runs["orchestrator"]],
+                                 [r[key] for r in runs["ray_train"]]))
+        for side in runs:
+            if side.startswith("orchestrator_"):
+                figures[f"{key}_{side.removeprefix('orchestrator_')}_vs_ray_train"] = figure(
+                    ratio(medians[side][key], medians["ray_train"][key]), GOAL)
+    return {"job": spec, "median_s": medians, "figures": figures, "runs": runs}
+
+
+def sweep_cost(args: argparse.Namespace, work: Path, epochs: int, result: dict) -> dict:
+    """A sweep of N trials one at a time in one Ray session: its wall time per trial against
+    a single command's (the same job), from this run's medians."""
+    n = args.sweep_trials
+    lrs = ",".join(f"{0.1 + 0.001 * k:.3f}" for k in range(n))
+    sweep_dir = work / "sweep"
+    progress(f"fixed_cost sweep of {n} trials")
+    timed = run_timed([*ORCHESTRATOR, "--multirun", f"trainer.lr={lrs}",
+                       f"trainer.epochs={epochs}", f"hydra.sweep.dir={sweep_dir}",
+                       f"storage.uri={sweep_dir / 'ckpt'}", "hydra.sweeper.max_concurrent=1"],
+                      work / "sweep.log")
+    single = result["median_s"]["orchestrator"]["to_exit_s"]
+    per_trial = timed.wall_s / n
+    return {"trials": n, "wall_s": timed.wall_s, "per_trial_s": round(per_trial, 3),
+            "figure": figure(ratio(per_trial, result["median_s"]["ray_train"]["to_exit_s"]),
+                             GOAL, what="sweep wall / trials, against one plain Ray Train run"),
+            "vs_single_command": ratio(per_trial, single)}
