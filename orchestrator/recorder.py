@@ -19,6 +19,7 @@ from orchestrator.observe.rate import Rate
 from orchestrator.record import RunRecord
 
 WRITE_EVERY_S = 1.0
+PUBLISH_EVERY_S = 1.0  # Ray drops a gauge not set for a while: refresh them, events or not
 CHECKPOINT_NOTICE_EVERY_S = 10.0  # frequent checkpoints: one line per 10 s, with a count
 
 
@@ -52,6 +53,7 @@ class RunRecorder:
 
             self.metrics = RunMetrics(record.run_name, record.trainer)
         self._written = 0.0
+        self._published = float("-inf")
         self._write(force=True)
 
     def _write(self, force: bool = False) -> None:
@@ -61,8 +63,13 @@ class RunRecorder:
             if self.curves:
                 self.curves.flush()
             self._written = now
-        if self.metrics:
+        self._publish(force)
+
+    def _publish(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.metrics and (force or now - self._published >= PUBLISH_EVERY_S):
             self.metrics.update(self.record, self.rate.samples_per_s(), self.rate.step_s())
+            self._published = now
 
     def _notice(self, message: str, level: str = "INFO") -> None:
         self.notices.append((level, message))
@@ -172,6 +179,7 @@ class RunRecorder:
 
     def snapshot(self, cursor: int = 0) -> ProgressState:
         """What the driver shows: the count, throughput, and the notices after `cursor`."""
+        self._publish()  # the driver polls twice a second: this keeps the gauges fresh
         r = self.record
         return ProgressState(r.steps, r.total_steps, self._world_size(), self.rate.samples_per_s(),
                              self.rate.step_s(), dict(r.train_metrics), self.notices[cursor:],

@@ -127,6 +127,13 @@ def scrape(url: str, run_name: str) -> dict[str, float]:
     return found
 
 
+SERIES = {f"ray_orchestrator_{name}" for name in (
+    "step", "samples_per_s", "step_seconds", "world_size", "restarts", "preemptions",
+    "lost_steps", "checkpoint_step", "train_metric[loss]", "checkpoint_save_seconds_count",
+    "checkpoint_save_seconds_sum", "checkpoint_upload_seconds_count",
+    "checkpoint_upload_seconds_sum")}
+
+
 def token_headers() -> dict[str, str]:
     token = os.environ.get("RAY_AUTH_TOKEN")
     path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
@@ -174,7 +181,7 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
         seen: dict[str, float] = {}
         while proc.poll() is None:
             seen = scrape(metrics_url, rec["run_name"])
-            if seen.get("ray_orchestrator_restarts") == 1 and seen.get("ray_orchestrator_step", 0) > 0:
+            if seen.get("ray_orchestrator_restarts") == 1 and SERIES <= seen.keys():
                 break
             time.sleep(1)
         assert proc.wait(timeout=600) == 0, out_path.read_text()[-4000:]
@@ -191,6 +198,7 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
 
     # Metrics: every series, tagged by run and trainer, with sane values.
     assert seen.get("ray_orchestrator_restarts") == 1, f"the restart never showed: {seen}\n{output}"
+    assert SERIES <= seen.keys(), SERIES - seen.keys()
     assert seen["ray_orchestrator_world_size"] == 2
     assert 0 < seen["ray_orchestrator_step"] <= rec["steps"]
     assert seen["ray_orchestrator_samples_per_s"] > 0 and 0 < seen["ray_orchestrator_step_seconds"] < 10

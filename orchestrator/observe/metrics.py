@@ -45,6 +45,7 @@ class RunMetrics:
 
     def update(self, record: RunRecord, samples_per_s: float | None,
                step_s: float | None) -> None:
+        """Set every gauge (Ray evicts a gauge that is not set again within its TTL)."""
         self.step.set(record.steps)
         if record.world_sizes:
             self.world_size.set(record.world_sizes[-1]["size"])
@@ -57,8 +58,9 @@ class RunMetrics:
         for ckpt in record.checkpoints[self._checkpoints_seen:]:
             self.save_s.observe(ckpt["save_s"])
             self.upload_s.observe(ckpt["upload_s"])
-            self.checkpoint_step.set(ckpt["step"])
         self._checkpoints_seen = len(record.checkpoints)
+        if record.checkpoints:
+            self.checkpoint_step.set(record.checkpoints[-1]["step"])
 
     def _train_metrics(self, metrics: Mapping[str, float]) -> None:
         for name, value in metrics.items():
