@@ -55,6 +55,20 @@ def test_fixed_cost_figures_and_variants():
     assert figs["to_exit_s_vs_ray_train"]["value"] == 0.8 and figs["to_exit_s_vs_ray_train"]["met"]
     assert figs["to_first_step_s_vs_ray_train"]["value"] == 1.0
     assert figs["to_exit_s_no_dashboard_vs_ray_train"]["value"] == 0.6
+    assert "cpu_s_vs_ray_train" not in figs  # no CPU figures in these runs
+
+
+def test_fixed_cost_cpu_profile_by_process_title():
+    def run(cpu, titles):
+        return {"to_exit_s": 1.0, "to_first_step_s": 1.0,
+                "memory": {"cpu_s": cpu, "cpu_s_by_title": titles}}
+
+    runs = {"orchestrator": [run(40.0, {"ray::RunRecorder": 2.0}), run(44.0, {})],
+            "ray_train": [run(50.0, {"raylet": 1.0}), run(50.0, {"raylet": 3.0})]}
+    out = fixed_cost.summarize({}, runs)
+    assert out["cpu_s_profile"]["orchestrator"] == {"ray::RunRecorder": 1.0, "total": 42.0}
+    assert out["cpu_s_profile"]["ray_train"]["raylet"] == 2.0
+    assert out["figures"]["cpu_s_vs_ray_train"]["value"] == 0.84
 
 
 def test_recovery_against_cold_start():

@@ -89,7 +89,29 @@ def summarize(spec: dict, runs: dict[str, list[dict]]) -> dict:
             if side.startswith("orchestrator_"):
                 figures[f"{key}_{side.removeprefix('orchestrator_')}_vs_ray_train"] = figure(
                     ratio(medians[side][key], medians["ray_train"][key]), GOAL)
-    return {"job": spec, "median_s": medians, "figures": figures, "runs": runs}
+    profile = cpu_profile(runs)
+    if profile:  # CPU seconds: what a loaded machine blurs least (wall time is mostly waiting)
+        figures["cpu_s_vs_ray_train"] = figure(
+            ratio(profile["orchestrator"]["total"], profile["ray_train"]["total"]),
+            paired=paired_ratios([r["memory"]["cpu_s"] for r in runs["orchestrator"]],
+                                 [r["memory"]["cpu_s"] for r in runs["ray_train"]]))
+    return {"job": spec, "median_s": medians, "figures": figures, "cpu_s_profile": profile,
+            "runs": runs}
+
+
+def cpu_profile(runs: dict[str, list[dict]]) -> dict:
+    """Median CPU seconds per process title (the driver, each Ray actor class, Ray's own
+    processes) for each side: where a short job's cost goes."""
+    if not all("memory" in r and "cpu_s_by_title" in r["memory"] for rs in runs.values()
+               for r in rs):
+        return {}
+    out = {}
+    for side, rs in runs.items():
+        titles = sorted({t for r in rs for t in r["memory"]["cpu_s_by_title"]})
+        out[side] = {t: median([r["memory"]["cpu_s_by_title"].get(t, 0.0) for r in rs])
+                     for t in titles}
+        out[side]["total"] = median([r["memory"]["cpu_s"] for r in rs])
+    return out
 
 
 def sweep_cost(args: argparse.Namespace, work: Path, epochs: int, result: dict) -> dict:

@@ -51,4 +51,19 @@ def markdown(doc: dict) -> str:
                 lines.append(f"- {key}: `{json.dumps(result[key], default=str)}`")
         lines.append(f"- elapsed: {result.get('elapsed_s')} s, load average at the end "
                      f"{result.get('loadavg_end')}")
+        if result.get("cpu_s_profile"):
+            lines += ["", *profile_table(result["cpu_s_profile"])]
     return "\n".join(lines) + "\n"
+
+
+def profile_table(profile: dict[str, dict[str, float]]) -> list[str]:
+    """CPU seconds per process title, one column per side, the costliest first."""
+    sides = list(profile)
+    titles = sorted({t for p in profile.values() for t in p} - {"total"},
+                    key=lambda t: -max(p.get(t, 0.0) for p in profile.values()))
+    lines = ["| CPU seconds (median) | " + " | ".join(sides) + " |",
+             "|---|" + "---:|" * len(sides)]
+    for title in ["total", *titles]:
+        cells = " | ".join(f"{profile[s].get(title, 0.0):.2f}" for s in sides)
+        lines.append(f"| {title} | {cells} |")
+    return lines
