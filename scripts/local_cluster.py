@@ -66,7 +66,7 @@ def node_env() -> dict:
     return clean_env({"RAY_AUTH_MODE": "token"} if token.exists() else {})
 
 
-def add_node(head: RayHead, tmp: Path, num_cpus: int = 2, attempts: int = 2) -> subprocess.Popen:
+def add_node(head: RayHead, tmp: Path, num_cpus: int = 2, attempts: int = 3) -> subprocess.Popen:
     """A worker node (its own raylet) joining the head; stop it like the head. On a loaded
     machine a raylet can miss its 30 s registration window (hard-coded in Ray 2.60): try again."""
     for attempt in range(1, attempts + 1):

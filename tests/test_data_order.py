@@ -8,6 +8,7 @@ import pytest
 from orchestrator.config.schema import DataConfig
 from orchestrator.data.datasets import load_dataset
 from orchestrator.data.order import DataOrder, step_seed
+from trainers.boosting import worker_rows
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 16])
@@ -56,3 +57,11 @@ def test_synthetic_data_has_the_asked_shape_and_is_learnable():
     means = np.stack([ds.x_train[ds.y_train == k].mean(0) for k in range(3)])
     pred = np.argmin(((ds.x_test[:, None, :] - means[None]) ** 2).sum(-1), axis=1)
     assert (pred == ds.y_test).mean() > 0.6
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_boosting_shards_cover_every_row_once_whatever_the_world_size(world):
+    """A resized boosting job re-shards the same rows over the workers it has now."""
+    shards = [worker_rows(1001, rank, world) for rank in range(world)]
+    assert np.array_equal(np.sort(np.concatenate(shards)), np.arange(1001))
+    assert max(len(s) for s in shards) - min(len(s) for s in shards) <= 1
