@@ -101,7 +101,10 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                 run_config=run_config,
                 **trainer_cls.ray_trainer_kwargs(trainer_cfg, cfg.failure.hang_timeout_s),
             )
-            without_dataset_manager(ray_trainer)
+            # A sweep's trial (a reused session) keeps the cleaner: an early-stopped trial's
+            # workers must give their CPUs back to the next trials.
+            without_unneeded_actors(ray_trainer,
+                                    embedded=not session.joined and not session.reused)
             display = make_display(cfg.log.progress, trainer_cls.step_unit,
                                    cfg.log.progress_every_s)
             with ProgressWatcher(snapshots(recorder), display):
@@ -148,20 +151,30 @@ def controller_env(hang_timeout_s: float, trainer_cls: type[Trainer]) -> dict[st
             **trainer_cls.controller_env(hang_timeout_s)}
 
 
-def without_dataset_manager(ray_trainer) -> None:
-    """Ray Train 2.60 starts a DatasetManager actor for every run, with datasets or without
-    (a process that imports Ray Data: ~2 CPU-seconds and ~170 MiB here). The orchestrator's
-    workers load their data themselves and never pass Ray Datasets, so that callback goes.
+def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
+    """Ray Train 2.60 starts a helper actor (a process importing Ray: ~2 CPU-seconds and
+    ~170 MiB here) for each of these on every run, needed or not:
+    - DatasetManager, with Ray Datasets or without: the orchestrator's workers load their
+      data themselves and never pass any;
+    - PlacementGroupCleaner, which removes the placement group if the controller dies: on an
+      embedded Ray the whole cluster ends with the command anyway (and with several Ray
+      instances on one machine it may attach to another one, "Connecting to latest cluster").
     A private hook: if a Ray upgrade renames it, nothing changes but the cost."""
     create = getattr(ray_trainer, "_create_default_callbacks", None)
-    if create is None or getattr(ray_trainer, "datasets", None):
-        return
     try:
         from ray.train.v2._internal.callbacks import DatasetsCallback
+        from ray.train.v2._internal.callbacks.placement_group_callback import (
+            PlacementGroupCleanerCallback,
+        )
     except ImportError:
         return
+    unneeded: tuple[type, ...] = () if getattr(ray_trainer, "datasets", None) else (DatasetsCallback,)
+    if embedded:
+        unneeded += (PlacementGroupCleanerCallback,)
+    if create is None or not unneeded:
+        return
     ray_trainer._create_default_callbacks = lambda: [
-        cb for cb in create() if not isinstance(cb, DatasetsCallback)]
+        cb for cb in create() if not isinstance(cb, unneeded)]
 
 
 def worker_env(trainer_cls: type[Trainer]) -> dict[str, str]:

@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 
-def test_runs_without_datasets_start_no_dataset_manager():
+def test_helper_actors_a_run_does_not_need_are_not_started():
     from ray.train.v2._internal.callbacks import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import (
+        PlacementGroupCleanerCallback,
+    )
 
-    from orchestrator.launch import without_dataset_manager
+    from orchestrator.launch import without_unneeded_actors
 
     class FakeTrainer:
         datasets: dict = {}
 
         def _create_default_callbacks(self):
-            return [DatasetsCallback.__new__(DatasetsCallback), "other"]
+            return [DatasetsCallback.__new__(DatasetsCallback),
+                    PlacementGroupCleanerCallback(), "other"]
 
-    trainer = FakeTrainer()
-    without_dataset_manager(trainer)
-    assert trainer._create_default_callbacks() == ["other"]
+    embedded = FakeTrainer()
+    without_unneeded_actors(embedded, embedded=True)
+    assert embedded._create_default_callbacks() == ["other"]
+    joined = FakeTrainer()
+    without_unneeded_actors(joined, embedded=False)  # a shared cluster keeps its cleaner
+    assert [type(cb) for cb in joined._create_default_callbacks()] == [
+        PlacementGroupCleanerCallback, str]
     with_data = FakeTrainer()
     with_data.datasets = {"train": object()}
-    without_dataset_manager(with_data)
-    assert len(with_data._create_default_callbacks()) == 2
+    without_unneeded_actors(with_data, embedded=False)
+    assert len(with_data._create_default_callbacks()) == 3
 
 
 def test_controller_polls_every_second_unless_the_user_says(monkeypatch):
