@@ -157,7 +157,9 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
                         "trainer.epochs=150", "checkpoint.every_steps=100", "log.progress_every_s=2"),
             cwd=REPO, env=cli_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
-        rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, run_dir)
+        # (a generous wait: Ray's start-up alone took minutes on the shared 2-core machine)
+        rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, run_dir,
+                       timeout=480)
         text = out_path.read_text()
         metrics_url = re.search(r"metrics: (http://\S+/metrics)", text).group(1)
         dashboard = re.search(r"Ray dashboard: (http://127\.0\.0\.1:\d+)", text).group(1)
