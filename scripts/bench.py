@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=(*BENCHMARKS, "all"))
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats per benchmark")
+    p.add_argument("--repeats", type=int, default=2, help="interleaved repeats per benchmark")
     p.add_argument("--markdown", default="bench.md", help="where to write the Markdown summary")
     p.add_argument("--json", default=None, help="also write the JSON here")
     p.add_argument("--workdir", default=None, help="keep logs and run folders here")
@@ -60,8 +60,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--recovery-rank", type=int, default=1)
     g.add_argument("--boost-rows", type=int, default=1_000_000)
     g.add_argument("--boost-frameworks", default="xgboost,lightgbm")
-    g.add_argument("--boost-repeats", type=int, default=None,
-                   help="repeats for boosting (default: --repeats)")
+    g.add_argument("--boost-repeats", type=int, default=1,
+                   help="repeats for boosting (its 1M-row runs are the longest)")
     return p
 
 

@@ -67,7 +67,9 @@ def metric_difference(ours: dict | None, theirs: dict | None) -> dict:
 def summarize(rows: int, runs: dict[str, list[dict]], frameworks=FRAMEWORKS) -> dict:
     out = {"job": {"data": "synthetic", "rows": rows, "features": 20, "classes": 2,
                    "rounds": 50, "orchestrated": "2 workers x 1 thread",
-                   "single": "1 process x all cores"},
+                   "single": "1 process x all cores, OMP_WAIT_POLICY=PASSIVE",
+                   "train_s": "boosting span: orchestrated = first worker group start to last "
+                              "round; single = xgboost.train / lightgbm.train"},
            "figures": {}, "runs": runs}
     for fw in frameworks:
         ours, theirs = runs[f"{fw}_orchestrated"], runs[f"{fw}_single"]
