@@ -11,7 +11,7 @@ import pytest
 
 from scripts.benchmarks import boosting, ddp_throughput, fixed_cost, memory, recovery
 from scripts.benchmarks.common import REPO, Goal, median, order_for, paired_ratios, ratio
-from scripts.benchmarks.proctree import kind_of, summarize_peaks, title_of
+from scripts.benchmarks.proctree import cpu_between, kind_of, summarize_peaks, title_of
 from scripts.benchmarks.report import figure_rows, markdown
 
 
@@ -45,6 +45,17 @@ def test_ddp_throughput_ratios_come_from_medians():
     assert out["figures"]["vs_ray_train"] == {"value": 0.95, "goal": ">= 0.97", "met": False}
     assert out["figures"]["vs_torchrun"]["value"] == 0.76
     assert out["paired_vs_ray_train"] == [0.9, 1.0, 0.95]
+
+
+def test_cpu_seconds_in_a_window_are_interpolated():
+    series = {1: [(10.0, 1.0), (12.0, 3.0), (14.0, 3.0)], 2: [(10.0, 0.0), (14.0, 4.0)]}
+    assert cpu_between(series, 11.0, 13.0) == 1.0 + 2.0
+    assert cpu_between(series, 0.0, 100.0) == 2.0 + 4.0  # flat outside the samples
+    spec = {"steps": 11, "batch_size": 100}
+    assert ddp_throughput.per_cpu_second(spec, series, 11.0, 13.0) == round(1000 / 3.0, 1)
+    assert ddp_throughput.per_cpu_second(spec, {}, 11.0, 13.0) is None
+    rec = {"started_at": 100.0, "world_sizes": [{"size": 2, "step": 0, "first_step_at_s": 5.0}]}
+    assert ddp_throughput.steady_window_start(rec) == 105.0
 
 
 def test_fixed_cost_figures_and_variants():

@@ -1,7 +1,9 @@
 """DDP steady-state throughput: the orchestrator against a plain Ray Train TorchTrainer script
 and against torchrun with plain torch.distributed (gloo), the same model, data and per-worker
 batch, interleaved. Steady state: global samples/s from the end of the first step to the end of
-the last one (the orchestrator's `steady_samples_per_s` in run.json), on a run of many steps."""
+the last one (the orchestrator's `steady_samples_per_s` in run.json), on a run of many steps.
+Also per CPU-second of the training workers over that window (sampled from /proc): on a
+shared, loaded machine the wall-clock rate mostly measures how often the workers got a core."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from scripts.benchmarks.common import (
     progress,
     ratio,
     read_json,
-    run_timed,
 )
+from scripts.benchmarks.memory import run_watched
+from scripts.benchmarks.proctree import cpu_between
 
 GOAL_VS_RAY_TRAIN = Goal(">=", 0.97)
 
@@ -50,20 +53,27 @@ def run(args: argparse.Namespace, work: Path) -> dict:
 
     def orchestrated(i: int) -> dict:
         run_dir = work / f"orch-{i}"
-        timed = run_timed(orchestrator_cmd(run_dir, *orchestrator_overrides(spec)),
-                          work / f"orch-{i}.log")
+        timed, watched = run_watched(orchestrator_cmd(run_dir, *orchestrator_overrides(spec)),
+                                     work / f"orch-{i}.log", series=True)
         rec = read_json(run_dir / "run.json")
-        return {"steady_samples_per_s": rec.get("steady_samples_per_s"), "wall_s": timed.wall_s,
-                "steps": rec.get("steps"), "checkpoints": len(rec.get("checkpoints", [])),
+        first, rate = steady_window_start(rec), rec.get("steady_samples_per_s")
+        # The record keeps the rate since the first step; the window's end follows from it.
+        last = first + (rec["steps"] - 1) * spec["batch_size"] / rate if first and rate else None
+        return {"steady_samples_per_s": rate, "wall_s": timed.wall_s, "steps": rec.get("steps"),
+                "checkpoints": len(rec.get("checkpoints", [])),
+                "samples_per_worker_cpu_s": per_cpu_second(spec, watched["series"], first, last),
                 "test_accuracy": rec.get("metrics", {}).get("test_accuracy")}
 
     def baseline(name: str, launcher: list[str]):
         def side(i: int) -> dict:
             out = work / f"{name}-{i}.json"
-            timed = run_timed([*launcher, *baseline_args(spec, out)], work / f"{name}-{i}.log")
+            timed, watched = run_watched([*launcher, *baseline_args(spec, out)],
+                                         work / f"{name}-{i}.log", series=True)
             res = read_json(out)
             return {"steady_samples_per_s": res.get("steady_samples_per_s"),
                     "wall_s": timed.wall_s, "steps": res.get("steps"),
+                    "samples_per_worker_cpu_s": per_cpu_second(
+                        spec, watched["series"], res.get("first_step_at"), res.get("last_step_at")),
                     "test_accuracy": res.get("test_accuracy")}
         return side
 
@@ -77,11 +87,31 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     return summarize(spec, runs)
 
 
+def steady_window_start(record: dict) -> float | None:
+    """When the run's (only) worker group finished its first step, in epoch seconds."""
+    groups = record.get("world_sizes") or []
+    if len(groups) != 1 or "first_step_at_s" not in groups[0]:
+        return None
+    return record["started_at"] + groups[0]["first_step_at_s"]
+
+
+def per_cpu_second(spec: dict, series: dict, first: float | None, last: float | None):
+    """Global samples per CPU-second of the training workers over the steady window (the
+    first step's end to the last one's): the cost of a sample, which time-sharing a loaded
+    machine's cores does not change the way it changes samples per wall-second."""
+    if not first or not last or not series:
+        return None
+    used = cpu_between(series, first, last)
+    return round((spec["steps"] - 1) * spec["batch_size"] / used, 1) if used > 0 else None
+
+
 def summarize(spec: dict, runs: dict[str, list[dict]]) -> dict:
     rates = {name: [r["steady_samples_per_s"] for r in rs] for name, rs in runs.items()}
     medians = {name: median(v) for name, v in rates.items()}
     vs_ray = ratio(medians["orchestrator"], medians["ray_train"])
     vs_torchrun = ratio(medians["orchestrator"], medians["torchrun"])
+    per_cpu = {name: median([r.get("samples_per_worker_cpu_s") for r in rs])
+               for name, rs in runs.items()}
     return {
         "job": spec,
         "steady_samples_per_s": {name: v for name, v in rates.items()},
@@ -92,6 +122,9 @@ def summarize(spec: dict, runs: dict[str, list[dict]]) -> dict:
             "vs_ray_train": figure(vs_ray, GOAL_VS_RAY_TRAIN),
             "vs_torchrun": figure(vs_torchrun),
             "ray_train_vs_torchrun": figure(ratio(medians["ray_train"], medians["torchrun"])),
+            "per_cpu_s_vs_ray_train": figure(ratio(per_cpu["orchestrator"], per_cpu["ray_train"])),
+            "per_cpu_s_vs_torchrun": figure(ratio(per_cpu["orchestrator"], per_cpu["torchrun"])),
         },
+        "median_samples_per_worker_cpu_s": per_cpu,
         "runs": runs,
     }

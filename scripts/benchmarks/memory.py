@@ -13,9 +13,10 @@ from scripts.benchmarks.common import REPO, Timed, bench_env, figure, median, ra
 from scripts.benchmarks.proctree import TreeWatcher, start, stop_tree
 
 
-def run_watched(cmd: list[str], log: Path, env: dict | None = None,
-                timeout: float = 900) -> tuple[Timed, dict]:
-    """Run a command to its end while polling its process tree; (timing, peak memory)."""
+def run_watched(cmd: list[str], log: Path, env: dict | None = None, timeout: float = 900,
+                series: bool = False) -> tuple[Timed, dict]:
+    """Run a command to its end while polling its process tree; (timing, peak memory and CPU
+    seconds; with series, the training workers' sampled CPU under "series")."""
     started = time.time()
     proc = start(cmd, REPO, bench_env(env), log)
     watcher = TreeWatcher(proc.pid).start()
@@ -25,6 +26,8 @@ def run_watched(cmd: list[str], log: Path, env: dict | None = None,
         ended = time.time()
         peaks = watcher.stop()
         stop_tree(proc)
+    if series:
+        peaks["series"] = watcher.series
     output = log.read_text()
     if proc.returncode != 0:
         raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{output[-3000:]}")

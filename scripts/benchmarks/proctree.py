@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 # Ray names its worker processes after what they run (setproctitle): "ray::RayTrainWorker...".
-KINDS = (("RayTrainWorker", "train_worker"), ("TrainController", "controller"),
+KINDS = (("RayTrainWorker", "train_worker"), ("torchrun_ddp.py", "train_worker"),
+         ("TrainController", "controller"),
          ("RunRecorder", "recorder"), ("ray::IDLE", "idle_worker"),
          ("DashboardAgent", "ray_system"), ("RuntimeEnvAgent", "ray_system"),
          ("ray::", "other_actor"),
@@ -117,6 +118,7 @@ class TreeWatcher:
         self.kinds: dict[int, str] = {}
         self.cpu: dict[int, float] = {}
         self.titles: dict[int, str] = {}
+        self.series: dict[int, list[tuple[float, float]]] = {}  # training workers: (time, cpu)
         self.total_rss_peak_kb = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -139,11 +141,14 @@ class TreeWatcher:
             hwm, rss = peak_kb(pid)
             total += rss
             self.peaks[pid] = max(self.peaks.get(pid, 0), hwm)
-            self.cpu[pid] = max(self.cpu.get(pid, 0.0), cpu_s(pid))
+            used = cpu_s(pid)
+            self.cpu[pid] = max(self.cpu.get(pid, 0.0), used)
             kind = kind_of(command, pid == self.root_pid)
             if kind != "idle_worker" or pid not in self.kinds:
                 self.kinds[pid] = kind
                 self.titles[pid] = title_of(command)
+            if kind == "train_worker":
+                self.series.setdefault(pid, []).append((time.time(), used))
         self.total_rss_peak_kb = max(self.total_rss_peak_kb, total)
 
     def _loop(self) -> None:
@@ -157,6 +162,20 @@ class TreeWatcher:
         out = summarize_peaks(self.peaks, self.kinds, self.total_rss_peak_kb)
         out.update(summarize_cpu(self.cpu, self.kinds, self.titles))
         return out
+
+
+def cpu_between(series: dict[int, list[tuple[float, float]]], start: float, end: float) -> float:
+    """CPU seconds the processes used between two times, from their sampled (time, cpu)
+    series, interpolated linearly between samples (flat outside them)."""
+    def at(points: list[tuple[float, float]], t: float) -> float:
+        if t <= points[0][0]:
+            return points[0][1]
+        for (t0, c0), (t1, c1) in zip(points, points[1:], strict=False):
+            if t0 <= t <= t1:
+                return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
+        return points[-1][1]
+
+    return round(sum(at(p, end) - at(p, start) for p in series.values() if p), 3)
 
 
 def summarize_cpu(cpu: dict[int, float], kinds: dict[int, str], titles: dict[int, str]) -> dict:
