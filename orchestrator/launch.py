@@ -80,7 +80,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                                       cfg.log.metrics)
             spec = WorkerSpec(trainer_cfg, cfg.data, cfg.checkpoint, plan.run_storage,
                               plan.resume_source, cfg.seed, recorder,
-                              cfg.failure.preemption_check_steps, cfg.failure.hang_timeout_s,
+                              cfg.failure.preemption_check_s, cfg.failure.hang_timeout_s,
                               eval_every_steps=cfg.run.eval_every_steps)
             scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
             scaling = ScalingConfig(**scaling_args)

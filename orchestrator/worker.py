@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 import ray.train
+import ray.train.collective
 from hydra.utils import get_class
 
 from orchestrator.checkpoint.committer import Committed, Committer
@@ -24,6 +25,7 @@ from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.data.datasets import load_dataset
 from orchestrator.data.order import DataOrder
 from orchestrator.failure_policy import WorkerError
+from orchestrator.preemption_checks import PreemptionChecks
 from orchestrator.storage import StorageSpec
 
 PROGRESS_EVERY_S = 0.25  # how often rank 0 tells the run recorder how far it got
@@ -38,7 +40,7 @@ class WorkerSpec:
     resume_source: StorageSpec | None  # resume=<uri>, used while the run has no checkpoint
     seed: int
     recorder: Any  # the RunRecorder actor handle
-    preemption_check_steps: int = 10
+    preemption_check_s: float = 1.0  # how often the workers agree on preemption notices
     preemption_wait_s: float = 30.0  # how long to wait for a notice without deadline
     eval_every_steps: int | None = None  # rank 0 evaluates on the test split this often
 
@@ -59,6 +61,7 @@ class WorkerSession:
         self._unsent_points: list[tuple[int, dict[str, float]]] = []  # every step's metrics
         self._protect: set[int] = set()  # the checkpoint this attempt resumed from
         self._last_saved = -1
+        self.checks = PreemptionChecks(spec.preemption_check_s, 0, time.monotonic())
         self.committer = Committer(self.store, spec.checkpoint.async_upload,
                                    on_commit=self._committed, on_failure=self._not_committed,
                                    backoff=Backoff(deadline_s=spec.checkpoint.upload_retry_s))
@@ -93,6 +96,11 @@ class WorkerSession:
             self.spec.recorder.note.remote(f"resumed from {ref.uri} (step {ref.step})")
         return ref.step
 
+    def begin(self, start: int) -> None:
+        """Training starts (again) at `start`: the step count and clocks start there."""
+        self.step = start
+        self.checks = PreemptionChecks(self.spec.preemption_check_s, start, time.monotonic())
+
     # -- the loop's callback -------------------------------------------------------------
     def step_done(self, step: int, metrics: dict[str, float], samples: int) -> None:
         """Called by the trainer after each finished step (1-based count of steps done)."""
@@ -106,7 +114,7 @@ class WorkerSession:
             self.checkpoint(step)
         # Apart from the save decision (every_seconds reads each rank's own clock): this is a
         # barrier, and every rank must reach it at the same steps.
-        if not final and step % self.spec.preemption_check_steps == 0:
+        if not final and self.checks.due(step):
             self.check_preemption(step)
         if self.rank == 0:
             every = self.spec.eval_every_steps
@@ -148,6 +156,9 @@ class WorkerSession:
         at this step boundary, wait for the upload, then hold still until the deadline so no
         step is computed that the restart would have to compute again."""
         info = ray.train.get_preemption_info()
+        proposal = self.checks.propose(step, time.monotonic()) if self.rank == 0 else None
+        self.checks.agreed(step, ray.train.collective.broadcast_from_rank_zero(proposal),
+                           time.monotonic())
         if info is None:
             return
         deadline = info.deadline_ms / 1000 if info.deadline_ms else None
@@ -192,7 +203,7 @@ def train_loop_per_worker(config: dict) -> None:
         dataset = load_dataset(spec.data, spec.seed, spec.run_storage)
         session.total_steps = trainer.setup(dataset)
         start = session.restore(trainer)
-        session.step = start
+        session.begin(start)
         if session.rank == 0:
             spec.recorder.group_started.remote(session.world_size, start, time.time(),
                                                session.total_steps)

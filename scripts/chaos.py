@@ -66,7 +66,7 @@ def launch(run_dir: Path, address: str, storage: Path, overrides: list[str], nam
     cmd = [sys.executable, "-m", "orchestrator", f"hydra.run.dir={run_dir}",
            f"cluster.address={address}", f"storage.uri={storage}", f"run.name={name}",
            "cluster.workers=2", "cluster.cpus_per_worker=1", "failure.max_restarts=20",
-           "failure.hang_timeout_s=10", "failure.preemption_check_steps=5", *overrides]
+           "failure.hang_timeout_s=10", *overrides]
     log = open(run_dir.parent / f"{name}.log", "w")
     return subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
 

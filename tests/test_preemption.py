@@ -14,7 +14,7 @@ from tests.conftest import add_node, start_head, stop_head
 from tests.test_faults import read_record, start_run, wait_for
 
 # Each job must outlast the notice: Ray polls for drains every 5 s and the workers look for a
-# notice every failure.preemption_check_steps (10) steps, so the notice reaches them within
+# notice about every failure.preemption_check_s (1 s), so the notice reaches them within
 # ~6 s; these jobs have 30 s or more of steps left when the node is preempted.
 BOOSTING = ["data=synthetic", "data.rows=50000", "trainer.num_boost_round=1200"]
 JOBS = {

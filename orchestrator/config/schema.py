@@ -124,13 +124,13 @@ class FailureConfig:
     max_restarts: int = 3
     max_preemptions: int = -1  # -1 = no limit: a preemption is not the job's fault
     hang_timeout_s: float = 30.0  # a worker silent this long (SIGSTOP, deadlock) has failed
-    preemption_check_steps: int = 10  # how often workers agree on preemption notices
+    preemption_check_s: float = 1.0  # how often the workers agree on preemption notices
 
     def __post_init__(self) -> None:
         require(self.hang_timeout_s >= 5, "failure.hang_timeout_s", self.hang_timeout_s,
                 "a number of seconds >= 5")
-        require(self.preemption_check_steps >= 1, "failure.preemption_check_steps",
-                self.preemption_check_steps, "an integer >= 1")
+        require(0 < self.preemption_check_s <= 60, "failure.preemption_check_s",
+                self.preemption_check_s, "a number of seconds > 0 and <= 60")
         require(self.max_restarts >= 0, "failure.max_restarts", self.max_restarts,
                 "an integer >= 0")
         require(self.max_preemptions >= -1, "failure.max_preemptions", self.max_preemptions,
