@@ -157,8 +157,8 @@ def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
     - DatasetManager, with Ray Datasets or without: the orchestrator's workers load their
       data themselves and never pass any;
     - PlacementGroupCleaner, which removes the placement group if the controller dies: on an
-      embedded Ray the whole cluster ends with the command anyway (and with several Ray
-      instances on one machine it may attach to another one, "Connecting to latest cluster").
+      embedded Ray the whole cluster ends with the command anyway. Where it is kept (joined
+      clusters, sweep trials) it is pinned to this cluster (orchestrator/pg_cleaner.py).
     A private hook: if a Ray upgrade renames it, nothing changes but the cost."""
     create = getattr(ray_trainer, "_create_default_callbacks", None)
     try:
@@ -166,15 +166,27 @@ def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
         from ray.train.v2._internal.callbacks.placement_group_callback import (
             PlacementGroupCleanerCallback,
         )
+
+        from orchestrator.pg_cleaner import PinnedPlacementGroupCleanerCallback
     except ImportError:
+        return
+    if create is None:
         return
     unneeded: tuple[type, ...] = () if getattr(ray_trainer, "datasets", None) else (DatasetsCallback,)
     if embedded:
         unneeded += (PlacementGroupCleanerCallback,)
-    if create is None or not unneeded:
-        return
-    ray_trainer._create_default_callbacks = lambda: [
-        cb for cb in create() if not isinstance(cb, unneeded)]
+
+    def adjusted() -> list:
+        callbacks = []
+        for cb in create():
+            if isinstance(cb, unneeded):
+                continue
+            if type(cb) is PlacementGroupCleanerCallback:
+                cb = PinnedPlacementGroupCleanerCallback()
+            callbacks.append(cb)
+        return callbacks
+
+    ray_trainer._create_default_callbacks = adjusted
 
 
 def worker_env(trainer_cls: type[Trainer]) -> dict[str, str]:

@@ -41,20 +41,21 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=(*BENCHMARKS, "all"))
-    p.add_argument("--repeats", type=int, default=2, help="interleaved repeats per benchmark")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats per benchmark")
     p.add_argument("--markdown", default="bench.md", help="where to write the Markdown summary")
     p.add_argument("--json", default=None, help="also write the JSON here")
     p.add_argument("--workdir", default=None, help="keep logs and run folders here")
     g = p.add_argument_group("sizes")
     g.add_argument("--ddp-rows", type=int, default=100_000)
     g.add_argument("--ddp-batch", type=int, default=512, help="global batch (per worker: /2)")
-    g.add_argument("--ddp-steps", type=int, default=2000)
+    g.add_argument("--ddp-steps", type=int, default=6000,
+                   help="a long steady window: this shared machine's speed drifts by 20%%")
     g.add_argument("--fixed-epochs", type=int, default=10,
                    help="digits epochs of the short job (10: the default job)")
     g.add_argument("--fixed-variants", default="",
                    help="comma-separated orchestrator variants (fixed_cost.VARIANTS), or ''")
-    g.add_argument("--sweep-trials", type=int, default=0,
-                   help="also time a sweep of N trials (0: skip)")
+    g.add_argument("--sweep-trials", type=int, default=4,
+                   help="also time a sweep of N trials in one Ray session (0: skip)")
     g.add_argument("--recovery-kill-step", type=int, default=120)
     g.add_argument("--recovery-checkpoint-every", type=int, default=50)
     g.add_argument("--recovery-rank", type=int, default=1)
