@@ -50,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--ddp-batch", type=int, default=512, help="global batch (per worker: /2)")
     g.add_argument("--ddp-steps", type=int, default=6000,
                    help="a long steady window: this shared machine's speed drifts by 20%%")
+    g.add_argument("--ddp-warmup", type=int, default=1, help="discarded runs before DDP's")
     g.add_argument("--fixed-epochs", type=int, default=10,
                    help="digits epochs of the short job (10: the default job)")
     g.add_argument("--fixed-variants", default="",

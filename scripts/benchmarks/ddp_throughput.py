@@ -83,6 +83,11 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "torchrun": baseline("torchrun", [PYTHON, "-m", "torch.distributed.run", "--standalone",
                                           "--nproc-per-node=2", str(BASELINES / "torchrun_ddp.py")]),
     }
+    # The first run after anything else on this machine was 10-15% slower, whichever side it
+    # was: a discarded run of the shortest side (torchrun) warms the machine up.
+    for i in range(args.ddp_warmup):
+        progress(f"ddp_throughput warm-up {i} (discarded): "
+                 f"{sides['torchrun'](-1 - i)['steady_samples_per_s']} samples/s")
     runs = interleave(sides, args.repeats, log=lambda m: progress(f"ddp_throughput {m}"))
     return summarize(spec, runs)
 
