@@ -35,8 +35,11 @@ def nodes_up(head, tmp, nodes: list, count: int = 2) -> None:
 def test_losing_a_node_shrinks_the_job_and_new_room_grows_it_back(two_node_cluster, tmp_path):
     head, tmp, nodes = two_node_cluster
     nodes_up(head, tmp, nodes)
+    # 6600 steps of at least 8 ms: after the shrink, a minute or more for the new node to
+    # join and the job to grow back (at full speed the 2 workers finished first).
     common = [f"cluster.address={head.address}", "cluster.workers=4", "cluster.cpus_per_worker=1",
-              "trainer.epochs=300", "checkpoint.every_steps=200"]
+              "trainer.epochs=300", "checkpoint.every_steps=200",
+              "trainer._target_=tests.user_trainers.PacedDDP"]
     proc = start_run(tmp_path / "elastic", *common, f"storage.uri={tmp_path / 'ckpt'}",
                      "cluster.min_workers=2", "cluster.resize_check_s=5", "run.name=elastic")
     wait_for(lambda r: r.get("steps", 0) > 100 and len(r.get("workers", [])) == 4,
