@@ -76,7 +76,7 @@ class RunRecorder:
 
     def group_started(self, world_size: int, step: int, at: float,
                       total_steps: int | None = None) -> None:
-        before = self.record.world_sizes[-1]["size"] if self.record.world_sizes else 0
+        before = self._world_size() or 0
         lost = self.record.lost_steps
         kind = self.record.group_started(world_size, step, at, total_steps)
         self.rate.reset()
