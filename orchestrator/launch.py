@@ -9,10 +9,11 @@ import uuid
 from pathlib import Path
 
 import ray
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
+from orchestrator.backends import Backend
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
 from orchestrator.observe.logs import train_logging
@@ -22,7 +23,7 @@ from orchestrator.record import RunRecord, redact
 from orchestrator.recorder import FaultReporter, start_recorder
 from orchestrator.run_plan import make_plan
 from orchestrator.scaling import scaling_kwargs
-from orchestrator.trainer_api import Trainer
+from orchestrator.training_function import check_training
 from orchestrator.worker import WorkerSpec, train_loop_per_worker
 
 log = logging.getLogger("orchestrator")
@@ -33,36 +34,23 @@ def input_error(exc: ConfigError) -> int:
     return exc.exit_code
 
 
-def trainer_class(target: str) -> type[Trainer]:
-    try:
-        cls = get_class(target)
-    except Exception as exc:
-        raise ConfigError(f"trainer._target_={target!r}: cannot import it ({exc})") from exc
-    if not (isinstance(cls, type) and issubclass(cls, Trainer)):
-        raise ConfigError(f"trainer._target_={target!r} is not allowed: a subclass of "
-                          "orchestrator.trainer_api.Trainer")
-    return cls
-
-
 def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     """Run one job; return its exit code (0 ok, 1 training failed, 2 bad input)."""
     try:
         cfg = to_typed(cfg_node)
-        trainer_cfg = OmegaConf.to_container(cfg_node.trainer, resolve=True)
+        training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True))
         data_cfg = OmegaConf.to_container(cfg_node.data, resolve=True)
-        trainer_cls = trainer_class(trainer_cfg["_target_"])
-        trainer_cls.check_config(trainer_cfg)
-        plan = make_plan(cfg, trainer_cfg, data_cfg)
+        plan = make_plan(cfg, training.config, data_cfg)
     except ConfigError as exc:
         return input_error(exc)
 
-    config = redact(OmegaConf.to_container(cfg_node, resolve=True))
-    record = RunRecord(plan.run_name, trainer_cfg.get("name", trainer_cls.__name__), config,
+    config = redact({**OmegaConf.to_container(cfg_node, resolve=True), "trainer": training.config})
+    record = RunRecord(plan.run_name, training.config.get("name") or training.path, config,
                        plan.run_storage.uri, started_at=started_at)
     record_path = output_dir / "run.json"
     tensorboard_dir = output_dir / "tensorboard" if cfg.log.tensorboard else None
     try:
-        with RaySession(cfg.cluster, controller_env(cfg.failure.hang_timeout_s, trainer_cls),
+        with RaySession(cfg.cluster, controller_env(cfg.failure.hang_timeout_s, training.backend),
                         cfg.log.ray_verbose) as session:
             if session.dashboard_url:
                 log.info("Ray dashboard: %s (%s)", session.dashboard_url,
@@ -78,10 +66,10 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             recorder = start_recorder(str(record_path), record,
                                       str(tensorboard_dir) if tensorboard_dir else None,
                                       cfg.log.metrics)
-            spec = WorkerSpec(trainer_cfg, cfg.data, cfg.checkpoint, plan.run_storage,
-                              plan.resume_source, cfg.seed, recorder,
-                              cfg.failure.preemption_check_s, cfg.failure.hang_timeout_s,
-                              eval_every_steps=cfg.run.eval_every_steps)
+            spec = WorkerSpec(training.path, {"trainer": training.config, "data": data_cfg},
+                              cfg.data, cfg.checkpoint, plan.run_storage, plan.resume_source,
+                              cfg.seed, recorder, cfg.failure.preemption_check_s,
+                              cfg.failure.hang_timeout_s, eval_every_steps=cfg.run.eval_every_steps)
             scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
             scaling = ScalingConfig(**scaling_args)
             log.info("asking Ray for %s", describe_workers(scaling_args))
@@ -90,22 +78,23 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                 storage_path=str(output_dir / "ray_train"),
                 failure_config=FailureConfig(max_failures=cfg.failure.max_restarts,
                                              max_preemption_failures=cfg.failure.max_preemptions),
-                worker_runtime_env={"env_vars": worker_env(trainer_cls)},
+                worker_runtime_env={"env_vars": worker_env(training.backend)},
                 logging_config=train_logging(cfg.log.ray_verbose),
                 callbacks=[FaultReporter(recorder)],
             )
-            ray_trainer = trainer_cls.ray_trainer_class()(
+            ray_trainer = DataParallelTrainer(
                 train_loop_per_worker,
                 train_loop_config={"spec": spec},
+                backend_config=training.backend.ray_config(cfg.failure.hang_timeout_s,
+                                                           cfg.cluster.gpus_per_worker > 0),
                 scaling_config=scaling,
                 run_config=run_config,
-                **trainer_cls.ray_trainer_kwargs(trainer_cfg, cfg.failure.hang_timeout_s),
             )
             # A sweep's trial (a reused session) keeps the cleaner: an early-stopped trial's
             # workers must give their CPUs back to the next trials.
             without_unneeded_actors(ray_trainer,
                                     embedded=not session.joined and not session.reused)
-            display = make_display(cfg.log.progress, trainer_cls.step_unit,
+            display = make_display(cfg.log.progress, training.info.step_unit,
                                    cfg.log.progress_every_s)
             with ProgressWatcher(snapshots(recorder), display):
                 code, status, error = run_to_end(ray_trainer)
@@ -141,14 +130,14 @@ def describe_workers(scaling: dict) -> str:
 POLL_INTERVAL_S = "1"
 
 
-def controller_env(hang_timeout_s: float, trainer_cls: type[Trainer]) -> dict[str, str]:
+def controller_env(hang_timeout_s: float, backend: Backend) -> dict[str, str]:
     """Ray Train's own knobs, read by its controller: a silent worker fails after
     failure.hang_timeout_s (Ray's default is 10 minutes); the workers are polled every
-    POLL_INTERVAL_S; the trainer's backend may add some."""
+    POLL_INTERVAL_S; the backend may add some."""
     return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(hang_timeout_s),
             "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S":
                 os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", POLL_INTERVAL_S),
-            **trainer_cls.controller_env(hang_timeout_s)}
+            **backend.controller_env}
 
 
 def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
@@ -189,11 +178,12 @@ def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
     ray_trainer._create_default_callbacks = adjusted
 
 
-def worker_env(trainer_cls: type[Trainer]) -> dict[str, str]:
-    """The trainer's variables, and the command's directory on the workers' import path, so a
-    user's own model module (trainer.model._target_=mymodels.Net) imports there too."""
+def worker_env(backend: Backend) -> dict[str, str]:
+    """The backend's variables, and the command's directory on the workers' import path, so
+    a user's own modules (trainer.fn=mypkg.train:main, trainer.model._target_=...) import
+    there too."""
     path = [os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {"PYTHONPATH": os.pathsep.join(path), **trainer_cls.worker_env()}
+    return {"PYTHONPATH": os.pathsep.join(path), **backend.worker_env}
 
 
 def run_to_end(ray_trainer) -> tuple[int, str, str | None]:

@@ -1,39 +1,42 @@
-"""What runs in every Ray Train worker: restore, train, checkpoint, report. No framework.
+"""What runs in every Ray Train worker: agree where to start, run the training function with
+its WorkerContext, record what happened. No framework.
 
-WorkerSpec is the frozen description every worker receives; WorkerSession is the live
-per-worker state the trainer talks to.
+WorkerSpec is the frozen description every worker receives; the WorkerContext
+(orchestrator/worker_api.py) is the live per-worker state the function talks to.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import shutil
+import tempfile
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 import ray
 import ray.train
 import ray.train.collective
-from hydra.utils import get_class
 
-from orchestrator.checkpoint.committer import Committed, Committer
-from orchestrator.checkpoint.policy import CheckpointPolicy
-from orchestrator.checkpoint.retry import Backoff
-from orchestrator.checkpoint.store import CheckpointStore, open_source
+from orchestrator.checkpoint.store import CheckpointRef, CheckpointStore, open_source
 from orchestrator.config.schema import CheckpointConfig, DataConfig
-from orchestrator.data.datasets import load_dataset
-from orchestrator.data.order import DataOrder
 from orchestrator.failure_policy import WorkerError
-from orchestrator.preemption_checks import PreemptionChecks
 from orchestrator.storage import StorageSpec
+from orchestrator.training_function import import_function
+from orchestrator.worker_api import WorkerContext
 
-PROGRESS_EVERY_S = 0.25  # how often rank 0 tells the run recorder how far it got
+PREEMPTION_GRACE_S = 5.0  # held past a notice's deadline before concluding the node stays
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    trainer: dict[str, Any]  # the trainer config, _target_ included
+    fn: str  # the training function, "module:function"
+    config: dict  # what the function gets as cfg: {"trainer": {...}, "data": {...}}
     data: DataConfig
     checkpoint: CheckpointConfig
     run_storage: StorageSpec  # this run's checkpoint folder
@@ -42,182 +45,140 @@ class WorkerSpec:
     recorder: Any  # the RunRecorder actor handle
     preemption_check_s: float = 1.0  # how often the workers agree on preemption notices
     preemption_wait_s: float = 30.0  # how long to wait for a notice without deadline
-    eval_every_steps: int | None = None  # rank 0 evaluates on the test split this often
+    eval_every_steps: int | None = None  # run.eval_every_steps
 
 
-class WorkerSession:
-    def __init__(self, spec: WorkerSpec, rank: int, world_size: int):
-        self.spec = spec
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = spec.seed
-        self.store = CheckpointStore(spec.run_storage)
-        self.policy = CheckpointPolicy(spec.checkpoint.every_steps, spec.checkpoint.every_seconds)
-        self.trainer = None
-        self.total_steps = 0
-        self.step = 0
-        self._last_progress = 0.0
-        self._unsent_samples = 0
-        self._unsent_points: list[tuple[int, dict[str, float]]] = []  # every step's metrics
-        self._protect: set[int] = set()  # the checkpoint this attempt resumed from
-        self._last_saved = -1
-        self.checks = PreemptionChecks(spec.preemption_check_s, 0, time.monotonic())
-        self.committer = Committer(self.store, spec.checkpoint.async_upload,
-                                   on_commit=self._committed, on_failure=self._not_committed,
-                                   backoff=Backoff(deadline_s=spec.checkpoint.upload_retry_s))
+class Collective(Protocol):
+    def broadcast(self, value: Any) -> Any: ...  # rank 0's value, on every rank
 
-    @property
-    def saves(self) -> bool:
-        return self.rank == 0 or bool(self.trainer and self.trainer.saves_on_all_ranks)
+    def preemption_info(self) -> Any: ...  # a barrier; the drain notice, or None
 
-    def data_order(self, num_rows: int, global_batch: int) -> DataOrder:
-        return DataOrder(self.seed, num_rows, global_batch)
 
-    # -- restore -----------------------------------------------------------------------
-    def restore(self, trainer) -> int:
-        """Load the newest intact checkpoint of this run (else resume=<uri>); return its step."""
-        skipped: list[str] = []
-        found = self.store.load_newest_intact(skipped)
-        if self.rank == 0:
-            for reason in skipped:
-                self.spec.recorder.warning.remote(reason)
-        if found is None and self.spec.resume_source is not None:
-            source = open_source(self.spec.resume_source)
-            if source is not None:
-                store, ref = source
-                files, meta = store.load(ref)
-                found = (ref, files, meta)
-        if found is None:
-            return 0
-        ref, files, _meta = found
-        trainer.load(files)
-        self._protect = {ref.step}
-        if self.rank == 0:
-            self.spec.recorder.note.remote(f"resumed from {ref.uri} (step {ref.step})")
-        return ref.step
+class RayCollective:
+    def broadcast(self, value: Any) -> Any:
+        return ray.train.collective.broadcast_from_rank_zero(value)
 
-    def begin(self, start: int) -> None:
-        """Training starts (again) at `start`: the step count and clocks start there."""
-        self.step = start
-        self.checks = PreemptionChecks(self.spec.preemption_check_s, start, time.monotonic())
+    def preemption_info(self) -> Any:
+        return ray.train.get_preemption_info()
 
-    # -- the loop's callback -------------------------------------------------------------
-    def step_done(self, step: int, metrics: dict[str, float], samples: int) -> None:
-        """Called by the trainer after each finished step (1-based count of steps done)."""
-        self.step = step
-        now = time.monotonic()
-        final = step >= self.total_steps
-        if self.rank == 0:
-            self._unsent_samples += samples
-            self._unsent_points.append((step, dict(metrics)))
-        if self.policy.should_save(step, now) or final:
-            self.checkpoint(step)
-        # Apart from the save decision (every_seconds reads each rank's own clock): this is a
-        # barrier, and every rank must reach it at the same steps.
-        if not final and self.checks.due(step):
-            self.check_preemption(step)
-        if self.rank == 0:
-            every = self.spec.eval_every_steps
-            if every and not final and step % every == 0:
-                self.spec.recorder.evaluated.remote(step, self.trainer.evaluate())
-            first = self._last_progress == 0.0
-            if first or final or now - self._last_progress >= PROGRESS_EVERY_S:
-                self.report_progress()
 
-    def report_progress(self) -> None:
-        """Send rank 0's steps since the last report (each step's metrics: the curves)."""
-        if not self._unsent_points:
-            return
-        step, metrics = self._unsent_points[-1]
-        self.spec.recorder.progress.remote(step, self._unsent_samples, metrics, time.time(),
-                                           self._unsent_points)
-        self._unsent_samples = 0
-        self._unsent_points = []
-        self._last_progress = time.monotonic()
+@dataclass
+class Start:
+    """Where every worker of this attempt starts: the checkpoint rank 0 chose and verified."""
 
-    def checkpoint(self, step: int) -> None:
-        self._last_saved = step  # on every rank, so that all agree on what was saved
-        if self.rank == 0:
-            # Reported before the commit event (one caller's actor calls arrive in order): a
-            # restart from this checkpoint never leaves unreported steps behind it.
-            self.report_progress()
-        if not self.saves:
-            return
-        started = time.perf_counter()
-        files = self.trainer.save()
-        if self.rank != 0:
-            return  # multi-writer trainers (MWMS) write through rank 0's copy
-        meta = {"step": step, "world_size": self.world_size, "seed": self.seed}
-        self.committer.snapshot(step, files, meta, serialize_s=time.perf_counter() - started)
-        self.policy.saved(step, time.monotonic())
+    attempt: str  # names this worker group's checkpoint parts
+    staging: Path  # where this rank's snapshots are written
+    step: int = 0
+    store: CheckpointStore | None = None
+    ref: CheckpointRef | None = None
+    path: Path | None = None  # rank 0's verified local copy
+    meta: dict = field(default_factory=dict)
+    protect: set[int] = field(default_factory=set)  # never pruned: the run resumes from it
 
-    def check_preemption(self, step: int) -> None:
-        """A barrier across workers (they all reach it at the same steps): on a notice, save
-        at this step boundary, wait for the upload, then hold still until the deadline so no
-        step is computed that the restart would have to compute again."""
-        info = ray.train.get_preemption_info()
-        proposal = self.checks.propose(step, time.monotonic()) if self.rank == 0 else None
-        self.checks.agreed(step, ray.train.collective.broadcast_from_rank_zero(proposal),
-                           time.monotonic())
-        if info is None:
-            return
-        deadline = info.deadline_ms / 1000 if info.deadline_ms else None
-        left = (deadline - time.time()) if deadline else None
-        if self.rank == 0:  # the recorder tells the user (the driver prints its notices)
-            self.spec.recorder.preemption_notice.remote(step, left, info.preempted_node_ids,
-                                                        time.time())
-        if self._last_saved != step:
-            self.checkpoint(step)
-        self.committer.flush()
-        until = deadline + 5.0 if deadline else time.time() + self.spec.preemption_wait_s
-        while time.time() < until:  # the drain ends this process; if not, training goes on
-            time.sleep(0.5)
 
-    def _committed(self, done: Committed) -> None:
-        ref = done.saved.ref
-        self.spec.recorder.checkpoint.remote(ref.step, ref.uri, done.saved.bytes, done.save_s,
-                                             done.upload_s)
-        self.store.prune(self.spec.checkpoint.keep, protect=self._protect)
+def choose_checkpoint(spec: WorkerSpec, cache: Path) -> tuple[dict, Path | None]:
+    """Rank 0: the newest intact checkpoint of this run, else resume=<uri>'s. Corrupt ones are
+    reported and skipped. Returns what the other ranks need to find it, and the local copy."""
+    store = CheckpointStore(spec.run_storage)
+    skipped: list[str] = []
+    found = store.newest_intact(cache, skipped)
+    for reason in skipped:
+        spec.recorder.warning.remote(reason)
+    source = False
+    if found is None and spec.resume_source is not None:
+        opened = open_source(spec.resume_source)
+        if opened is not None:
+            other, ref = opened
+            found, source = (ref, other.fetch(ref, cache)), True
+            store = other
+    if found is None:
+        return {"step": 0}, None
+    ref, path = found
+    meta = store.read_manifest(ref).get("meta", {})
+    spec.recorder.note.remote(f"resumed from {ref.uri} (step {ref.step})")
+    return {"step": ref.step, "source_uri": store.spec.uri if source else None, "meta": meta}, path
 
-    def _not_committed(self, step: int, exc: Exception) -> None:
-        self.spec.recorder.warning.remote(f"checkpoint at step {step} was not committed: "
-                                          f"{str(exc).splitlines()[0][:200]}")
 
-    def close(self) -> None:
-        """Wait for the uploads in flight: the run is not done before its checkpoints are."""
-        self.committer.close()
+def start_point(spec: WorkerSpec, rank: int, collective: Collective, workdir: Path) -> Start:
+    """One broadcast: every rank starts from the checkpoint rank 0 chose."""
+    choice, path = (choose_checkpoint(spec, workdir / "restore") if rank == 0 else (None, None))
+    if rank == 0:
+        choice["attempt"] = uuid.uuid4().hex[:10]
+    choice = collective.broadcast(choice)
+    attempt = choice["attempt"]
+    store = CheckpointStore(spec.run_storage)
+    staging = staging_root(store, attempt, rank, workdir)
+    if not choice["step"]:
+        return Start(attempt, staging)
+    if choice.get("source_uri"):
+        store = CheckpointStore(spec.resume_source.sibling(choice["source_uri"]))
+    ref = store.ref(choice["step"])
+    protect = set() if choice.get("source_uri") else {ref.step}
+    return Start(attempt, staging, ref.step, store, ref, path, choice.get("meta", {}), protect)
+
+
+def staging_root(store: CheckpointStore, attempt: str, rank: int, workdir: Path) -> Path:
+    """A local store's snapshots are written next to it (storing them is then a rename);
+    an object store's on this node's disk."""
+    if store.is_local:
+        return Path(store.root) / ".staging" / f"{attempt}-rank_{rank:05d}"
+    return workdir / "staging"
 
 
 def train_loop_per_worker(config: dict) -> None:
     """The function Ray Train runs on every worker."""
     spec: WorkerSpec = config["spec"]
-    ctx = ray.train.get_context()
-    rank = ctx.get_world_rank()
+    train = ray.train.get_context()
+    rank = train.get_world_rank()
     spec.recorder.worker_started.remote(rank, os.getpid(), ray.get_runtime_context().get_node_id())
     if ray.get(spec.recorder.permanent_error.remote()):
         return  # a failure repeated: the driver reports it; restarting again would not help
-    session = WorkerSession(spec, rank, ctx.get_world_size())
-    try:  # an exception from the trainer's code (setup included) is recorded, then re-raised
-        trainer = get_class(spec.trainer["_target_"])(spec.trainer, session)
-        session.trainer = trainer
-        dataset = load_dataset(spec.data, spec.seed, spec.run_storage)
-        session.total_steps = trainer.setup(dataset)
-        start = session.restore(trainer)
-        session.begin(start)
-        if session.rank == 0:
-            spec.recorder.group_started.remote(session.world_size, start, time.time(),
-                                               session.total_steps)
-        if start < session.total_steps:
-            trainer.train(start)
-        elif session.rank == 0:
-            spec.recorder.note.remote(f"run already complete at step {start}; evaluating")
+    workdir = Path(tempfile.mkdtemp(prefix=f"orchestrator-rank{rank}-"))
+    ctx: WorkerContext | None = None
+    try:  # an exception from the training code is recorded, then re-raised
+        fn = import_function(spec.fn)
+        start = start_point(spec, rank, RayCollective(), workdir)
+        devices = [int(g) for g in ray.get_gpu_ids()]
+        ctx = WorkerContext(spec, rank, train.get_local_rank(), train.get_world_size(), devices,
+                            start, RayCollective(), workdir)
+        result = fn(ctx, copy.deepcopy(spec.config))
+        metrics = final_metrics(result)
     except Exception as exc:
-        error = WorkerError(rank, session.step, type(exc).__name__,
+        step = ctx._step if ctx is not None else 0
+        error = WorkerError(rank, step, type(exc).__name__,
                             (str(exc).strip().splitlines() or [""])[0][:300], traceback.format_exc())
         ray.get(spec.recorder.worker_error.remote(error))
         raise
     finally:
-        session.close()
-    metrics = trainer.evaluate()
-    if session.rank == 0:
-        ray.get(spec.recorder.worker_finished.remote(session.step, metrics, time.time()))
+        if ctx is not None:
+            ctx._close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        if ctx is not None and ctx._start.staging.exists():
+            shutil.rmtree(ctx._start.staging, ignore_errors=True)
+    if ctx.should_preempt():
+        hold_until_taken(spec, ctx)
+    if rank == 0:
+        ctx._announce()
+        ray.get(spec.recorder.worker_finished.remote(ctx._step, metrics, time.time()))
+
+
+def final_metrics(result: Any) -> dict[str, float]:
+    if result is None:
+        return {}
+    if not isinstance(result, Mapping):
+        raise TypeError(f"the training function returned {type(result).__name__}: return None "
+                        "or a dict of final metrics")
+    return {str(k): float(v) for k, v in result.items()}
+
+
+def hold_until_taken(spec: WorkerSpec, ctx: WorkerContext) -> None:
+    """After a preemption notice the function saved and returned, and the checkpoint is
+    committed: hold still until the node goes away, so that no step is computed that the
+    restart would compute again. If it stays past the deadline, restart from there."""
+    info = ctx._notice
+    deadline = info.deadline_ms / 1000 if info.deadline_ms else None
+    until = deadline + PREEMPTION_GRACE_S if deadline else time.time() + spec.preemption_wait_s
+    while time.time() < until:
+        time.sleep(0.5)
+    raise RuntimeError(f"the preemption notice at step {ctx._step} passed its deadline and this "
+                       "node is still here: restarting from the checkpoint taken at the notice")

@@ -48,10 +48,20 @@ def cli_env(extra: dict | None = None) -> dict:
 
 
 def run_cli(run_dir: Path, *overrides: str, env: dict | None = None, timeout: float = 600,
-            flags: tuple[str, ...] = ()) -> CliResult:
-    proc = subprocess.run(cli_command(run_dir, *overrides, flags=flags), cwd=REPO, env=cli_env(env),
+            flags: tuple[str, ...] = (), cwd: Path = REPO) -> CliResult:
+    proc = subprocess.run(cli_command(run_dir, *overrides, flags=flags), cwd=cwd, env=cli_env(env),
                           capture_output=True, text=True, timeout=timeout)
     return CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
+
+
+def user_project(tmp_path: Path) -> Path:
+    """A copy of tests/user_project (a user's own package, mypkg) outside the repository."""
+    import shutil
+
+    target = tmp_path / "project"
+    shutil.copytree(REPO / "tests" / "user_project", target,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return target
 
 
 @pytest.fixture(scope="module")

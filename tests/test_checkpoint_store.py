@@ -1,14 +1,34 @@
-"""Checkpoint commit, discovery, corruption and retention on a local directory."""
+"""Checkpoint commit, discovery, corruption and retention on a local directory; the
+multi-writer protocol (every rank's part, manifest last); the checkpoint policy."""
 
 from __future__ import annotations
 
 import json
+import threading
+from pathlib import Path
 
 import pytest
 
+from orchestrator.checkpoint.committer import Committer
 from orchestrator.checkpoint.policy import CheckpointPolicy
-from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, open_source, step_dir
+from orchestrator.checkpoint.retry import Backoff
+from orchestrator.checkpoint.store import (
+    MANIFEST,
+    CheckpointStore,
+    IncompleteCheckpoint,
+    open_source,
+    step_dir,
+)
 from orchestrator.storage import StorageSpec
+
+
+def load_newest_intact(store: CheckpointStore, tmp_path: Path, skipped=None):
+    found = store.newest_intact(tmp_path / "cache", skipped)
+    if found is None:
+        return None
+    ref, folder = found
+    manifest = json.loads((folder / MANIFEST).read_text())
+    return ref, {name: (folder / name).read_bytes() for name in manifest["files"]}, manifest["meta"]
 
 
 @pytest.fixture
@@ -21,7 +41,7 @@ def test_a_checkpoint_is_committed_by_its_manifest(store, tmp_path):
     assert saved.bytes == 6 and saved.ref.step == 10
     manifest = json.loads((tmp_path / "run" / step_dir(10) / MANIFEST).read_text())
     assert manifest["files"]["model.pt"]["bytes"] == 3
-    ref, files, meta = store.load_newest_intact()
+    ref, files, meta = load_newest_intact(store, tmp_path)
     assert ref.step == 10 and files == {"model.pt": b"abc", "optimizer.pt": b"xyz"}
     assert meta == {"step": 10}
 
@@ -39,7 +59,7 @@ def test_a_corrupt_checkpoint_falls_back_to_the_older_one(store, tmp_path):
     store.save(10, {"a": b"good"})
     store.save(20, {"a": b"newer"})
     (tmp_path / "run" / step_dir(20) / "a").write_bytes(b"rot!!")
-    ref, files, _ = store.load_newest_intact()
+    ref, files, _ = load_newest_intact(store, tmp_path)
     assert ref.step == 10 and files["a"] == b"good"
 
 
@@ -67,6 +87,79 @@ def test_resume_source_is_a_checkpoint_or_a_run_folder(store, tmp_path):
     assert open_source(StorageSpec(str(tmp_path / "elsewhere"))) is None
 
 
+def rank_folder(tmp_path: Path, rank: int, files: dict[str, bytes]) -> Path:
+    folder = tmp_path / f"snapshot-rank{rank}"
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def test_every_ranks_part_is_committed_together_manifest_last(store, tmp_path):
+    """Three ranks each write a file (rank 2 a nested one, rank 1 none): the checkpoint is
+    committed once, by rank 0, listing every rank's files; the snapshots are taken over."""
+    files = {0: {"model.pt": b"weights"}, 1: {}, 2: {"shards/2.bin": b"x" * 5000}}
+    committed = []
+    committers = [Committer(store, rank, 3, "att1", asynchronous=True,
+                            on_commit=committed.append) for rank in range(3)]
+    folders = {rank: rank_folder(tmp_path, rank, files[rank]) for rank in range(3)}
+    committers[0].snapshot(10, folders[0], {"step": 10}, save_s=0.5)
+    committers[2].snapshot(10, folders[2], {"step": 10})
+    assert not store.is_committed(10)  # rank 1's part (empty) is not there yet
+    committers[1].snapshot(10, folders[1], {"step": 10})
+    for c in committers:
+        c.close()
+    assert [c.saved.ref.step for c in committed] == [10] and committed[0].save_s == 0.5
+    manifest = store.read_manifest(store.latest())
+    assert manifest["world_size"] == 3
+    assert {n: e["rank"] for n, e in manifest["files"].items()} == {"model.pt": 0, "shards/2.bin": 2}
+    assert not any(f.exists() for f in folders.values())
+    ref, got, _ = load_newest_intact(store, tmp_path)
+    assert got == {"model.pt": b"weights", "shards/2.bin": b"x" * 5000}
+
+
+def test_a_missing_part_is_never_committed_and_the_older_checkpoint_stays_latest(store, tmp_path):
+    store.save(10, {"model.pt": b"old"})
+    failures = []
+    rank0 = Committer(store, 0, 2, "att2", asynchronous=False, on_failure=lambda s, e: failures.append(e),
+                      backoff=Backoff(deadline_s=0.5))
+    rank0.snapshot(20, rank_folder(tmp_path, 0, {"model.pt": b"new"}), {})  # rank 1 died
+    assert isinstance(failures[0], IncompleteCheckpoint) and "rank(s) [1]" in str(failures[0])
+    assert store.latest().step == 10
+    # Parts of an earlier attempt at the same step do not count for a new one.
+    Committer(store, 1, 2, "att2", asynchronous=False).snapshot(20, rank_folder(tmp_path, 1, {}), {})
+    rank0 = Committer(store, 0, 2, "att3", asynchronous=False, backoff=Backoff(deadline_s=0.5))
+    rank0.snapshot(20, rank_folder(tmp_path / "again", 0, {"model.pt": b"new"}), {})
+    assert store.latest().step == 10
+
+
+def test_two_ranks_writing_the_same_file_is_refused(store, tmp_path):
+    failures = []
+    threads = [threading.Thread(target=Committer(
+        store, rank, 2, "att", asynchronous=False, on_failure=lambda s, e: failures.append(e),
+        backoff=Backoff(deadline_s=5)).snapshot,
+        args=(10, rank_folder(tmp_path, rank, {"model.pt": b"%d" % rank}), {})) for rank in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "both wrote 'model.pt'" in str(failures[0])
+    assert store.latest() is None
+
+
+def test_a_corrupt_rank_file_makes_the_loader_fall_back(store, tmp_path):
+    for step in (10, 20):
+        parts = [Committer(store, r, 2, f"a{step}", asynchronous=False) for r in (1, 0)]
+        for c in parts:  # rank 1 first: rank 0 finds its part and commits
+            c.snapshot(step, rank_folder(tmp_path / str(step), c.rank, {f"rank{c.rank}.bin": b"%d" % step}), {})
+    (tmp_path / "run" / step_dir(20) / "rank1.bin").write_bytes(b"xx")  # same size, other bytes
+    skipped: list[str] = []
+    ref, files, _ = load_newest_intact(store, tmp_path, skipped)
+    assert ref.step == 10 and files == {"rank0.bin": b"10", "rank1.bin": b"10"}
+    assert "step_000000020/rank1.bin does not match its manifest" in skipped[0]
+
+
 @pytest.mark.parametrize(
     "every_steps, every_seconds, events, expected",
     [
@@ -76,11 +169,11 @@ def test_resume_source_is_a_checkpoint_or_a_run_folder(store, tmp_path):
     ],
 )
 def test_checkpoint_policy(every_steps, every_seconds, events, expected):
-    policy = CheckpointPolicy(every_steps, every_seconds)
+    policy = CheckpointPolicy(every_steps, every_seconds, now=0.0)
     decisions = []
     for step, now in events:
-        decision = policy.should_save(step, now)
+        decision = policy.due_by_step(step) or policy.due_by_time(now)
         if decision:
-            policy.saved(step, now)
+            policy.saved(now)
         decisions.append(decision)
     assert decisions == expected

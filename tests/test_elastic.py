@@ -39,7 +39,7 @@ def test_losing_a_node_shrinks_the_job_and_new_room_grows_it_back(two_node_clust
     # join and the job to grow back (at full speed the 2 workers finished first).
     common = [f"cluster.address={head.address}", "cluster.workers=4", "cluster.cpus_per_worker=1",
               "trainer.epochs=300", "checkpoint.every_steps=200",
-              "trainer._target_=tests.user_trainers.PacedDDP"]
+              "trainer.fn=tests.user_trainers:paced_ddp"]
     proc = start_run(tmp_path / "elastic", *common, f"storage.uri={tmp_path / 'ckpt'}",
                      "cluster.min_workers=2", "cluster.resize_check_s=5", "run.name=elastic")
     wait_for(lambda r: r.get("steps", 0) > 100 and len(r.get("workers", [])) == 4,

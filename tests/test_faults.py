@@ -49,8 +49,8 @@ def read_record(run_dir) -> dict:
         return {}
 
 
-def start_run(run_dir, *overrides) -> subprocess.Popen:
-    return subprocess.Popen(cli_command(run_dir, *overrides), cwd=REPO, env=cli_env(),
+def start_run(run_dir, *overrides, cwd=REPO) -> subprocess.Popen:
+    return subprocess.Popen(cli_command(run_dir, *overrides), cwd=cwd, env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -72,7 +72,7 @@ def final_model(storage, run_name):
 def test_a_bug_that_repeats_stops_the_run_without_burning_every_restart(ray_head, tmp_path):
     result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}",
                      f"storage.uri={tmp_path / 'ckpt'}", "failure.max_restarts=5",
-                     "trainer._target_=tests.user_trainers.FailsAtStep35",
+                     "trainer.fn=tests.user_trainers:fails_at_step_35",
                      "checkpoint.every_steps=10", "trainer.max_steps=100")
     assert result.returncode == 1, result.output[-3000:]
     rec = result.record

@@ -13,6 +13,7 @@ from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
 from orchestrator.storage import Credentials, StorageSpec
 from tests.conftest import free_port, run_cli
+from tests.test_checkpoint_store import load_newest_intact, rank_folder
 from tests.test_config import assert_input_error
 
 
@@ -31,10 +32,10 @@ def s3_env(server) -> dict:
     return {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
 
 
-def test_commit_and_load_round_trip(s3_server, bucket):
+def test_commit_and_load_round_trip(s3_server, bucket, tmp_path):
     store = CheckpointStore(spec_for(s3_server, "roundtrip"))
     store.save(10, {"model.pt": b"m" * 1000, "opt.pt": b"o" * 10})
-    ref, files, _ = store.load_newest_intact()
+    ref, files, _ = load_newest_intact(store, tmp_path)
     assert ref.step == 10 and ref.uri == "s3://ckpt-tests/roundtrip/step_000000010"
     assert files == {"model.pt": b"m" * 1000, "opt.pt": b"o" * 10}
 
@@ -48,14 +49,14 @@ def test_a_partial_upload_is_never_the_latest(s3_server, bucket):
     assert [r.step for r in store.committed()] == [10]
 
 
-def test_a_corrupt_object_is_reported_and_the_older_checkpoint_used(s3_server, bucket):
+def test_a_corrupt_object_is_reported_and_the_older_checkpoint_used(s3_server, bucket, tmp_path):
     store = CheckpointStore(spec_for(s3_server, "corrupt"))
     store.save(10, {"a": b"good"})
     store.save(20, {"a": b"newer"})
     with s3_server.filesystem().open_output_stream(f"ckpt-tests/corrupt/{step_dir(20)}/a") as f:
         f.write(b"rot!!")  # same size, other bytes: only the checksum can tell
     skipped: list[str] = []
-    ref, files, _ = store.load_newest_intact(skipped)
+    ref, files, _ = load_newest_intact(store, tmp_path, skipped)
     assert ref.step == 10 and files["a"] == b"good"
     assert len(skipped) == 1 and "step_000000020" in skipped[0]
 
@@ -70,21 +71,22 @@ def test_retention_keeps_the_newest_and_the_one_being_resumed(s3_server, bucket)
     assert info.type.name == "NotFound"
 
 
-def test_an_upload_outlives_a_server_outage_without_blocking_training(s3_server, bucket):
+def test_an_upload_outlives_a_server_outage_without_blocking_training(s3_server, bucket, tmp_path):
     store = CheckpointStore(spec_for(s3_server, "outage"))
     committer = Committer(store, asynchronous=True, backoff=Backoff(first_s=0.5, max_s=2.0, deadline_s=120))
     big = secrets.token_bytes(96 << 20)  # long enough to be cut off mid-upload
-    blocked = [committer.snapshot(10, {"model.bin": big}, {"step": 10})]
+    ten, twenty = (rank_folder(tmp_path / str(s), 0, {"model.bin": d}) for s, d in ((10, big), (20, big[:1000])))
+    blocked = [committer.snapshot(10, ten, {"step": 10})]
     time.sleep(0.3)
     s3_server.stop(kill=True)  # the outage starts while step 10 uploads
-    blocked.append(committer.snapshot(20, {"model.bin": big[:1000]}, {"step": 20}))
+    blocked.append(committer.snapshot(20, twenty, {"step": 20}))
     time.sleep(3)
     assert committer.committed_steps == []  # nothing can be committed while the server is down
     s3_server.restart()
     committer.close()  # waits until the retries have committed both
     assert max(blocked) < 2.0, f"a step was blocked {blocked} s by the upload"
     assert committer.committed_steps == [10, 20]
-    ref, files, _ = store.load_newest_intact()
+    ref, files, _ = load_newest_intact(store, tmp_path)
     assert ref.step == 20
     assert store.load(store.committed()[0])[0]["model.bin"] == big  # whole and verified
 

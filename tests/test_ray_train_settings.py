@@ -33,13 +33,15 @@ def test_helper_actors_a_run_does_not_need_are_not_started():
 
 
 def test_controller_polls_every_second_unless_the_user_says(monkeypatch):
+    from orchestrator.backends import BACKENDS
     from orchestrator.launch import controller_env
-    from trainers.xgboost.trainer import XGBoostTrainer
 
     monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
-    assert controller_env(30.0, XGBoostTrainer)["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "1"
+    assert controller_env(30.0, BACKENDS["xgboost"])["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "1"
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")
-    assert controller_env(30.0, XGBoostTrainer)["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "2"
+    env = controller_env(30.0, BACKENDS["torch"])
+    assert env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "2"
+    assert env["TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S"] == "2"  # the torch backend's own
 
 
 def test_the_kept_cleaner_finds_its_own_cluster_and_removes_a_dead_controllers_group(monkeypatch):

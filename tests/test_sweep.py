@@ -90,17 +90,17 @@ def test_a_search_with_early_stopping_stops_a_poor_trial(ray_head, tmp_path):
 
 def test_a_failing_trial_is_recorded_and_a_rerun_skips_finished_trials(ray_head, tmp_path):
     out = tmp_path / "failing"
-    args = ("trainer._target_=trainers.ddp.trainer.DDPTrainer,tests.user_trainers.FailsAtStep35",
+    args = ("trainer.fn=trainers.ddp.train.main,tests.user_trainers.fails_at_step_35",
             "failure.max_restarts=0", "trainer.epochs=2")
     first = sweep(out, *args, address=ray_head.address)
     assert first.returncode == 1, (first.stdout + first.stderr)[-4000:]
     rows = {r["overrides"][0].rsplit(".", 1)[-1]: r for r in record(out)["trials"]}
-    assert rows["DDPTrainer"]["status"] == "succeeded"
-    assert rows["FailsAtStep35"]["status"] == "failed"
-    assert "bad batch at step 35" in rows["FailsAtStep35"]["error"]
-    assert "FailsAtStep35" in first.stderr and "failed" in first.stderr
-    done_run = Path(rows["DDPTrainer"]["run_dir"]) / "run.json"
-    failed_run = Path(rows["FailsAtStep35"]["run_dir"]) / "run.json"
+    assert rows["main"]["status"] == "succeeded"
+    assert rows["fails_at_step_35"]["status"] == "failed"
+    assert "bad batch at step 35" in rows["fails_at_step_35"]["error"]
+    assert "fails_at_step_35" in first.stderr and "failed" in first.stderr
+    done_run = Path(rows["main"]["run_dir"]) / "run.json"
+    failed_run = Path(rows["fails_at_step_35"]["run_dir"]) / "run.json"
     done_before = done_run.read_text()
     failed_started = json.loads(failed_run.read_text())["started_at"]
 
@@ -110,7 +110,7 @@ def test_a_failing_trial_is_recorded_and_a_rerun_skips_finished_trials(ray_head,
     assert done_run.read_text() == done_before  # the finished trial did not run again
     assert json.loads(failed_run.read_text())["started_at"] > failed_started  # this one did
     rows = {r["overrides"][0].rsplit(".", 1)[-1]: r for r in record(out)["trials"]}
-    assert rows["DDPTrainer"]["status"] == "succeeded" and rows["FailsAtStep35"]["status"] == "failed"
+    assert rows["main"]["status"] == "succeeded" and rows["fails_at_step_35"]["status"] == "failed"
 
 
 def test_an_invalid_value_in_a_sweep_stops_it_before_any_trial(tmp_path):

@@ -52,7 +52,7 @@ def single_process_accuracy(trainer: str, rounds: int) -> float:
     if trainer == "xgboost":
         import xgboost as xgb
 
-        from trainers.xgboost.trainer import booster_params
+        from trainers.xgboost.train import booster_params
 
         params = booster_params({**_xgb_defaults(), **config}, DIGITS.num_classes, 0)
         booster = xgb.train(params, xgb.DMatrix(DIGITS.x_train, label=DIGITS.y_train), rounds)
@@ -60,7 +60,7 @@ def single_process_accuracy(trainer: str, rounds: int) -> float:
     else:
         import lightgbm as lgb
 
-        from trainers.lightgbm.trainer import booster_params
+        from trainers.lightgbm.train import booster_params
 
         params = booster_params({**_lgb_defaults(), **config}, DIGITS.num_classes, 0)
         booster = lgb.train(params, lgb.Dataset(DIGITS.x_train, label=DIGITS.y_train), rounds)

@@ -1,18 +1,5 @@
-"""Trainers: one per framework, each behind orchestrator.trainer_api.Trainer.
-
-This package's top level imports no framework: the driver reads the schemas below without
-paying for torch, tensorflow, xgboost or lightgbm.
+"""Trainers: one training function per framework, on the public worker API
+(orchestrator/worker_api.py). Each declares its own config schema and checks where it lives
+(``@training_function``); the core finds it through ``trainer.fn`` and never imports this
+package.
 """
-
-from hydra.core.config_store import ConfigStore
-
-
-def register_schemas(cs: ConfigStore) -> None:
-    from trainers.ddp.config import DDPConfig
-    from trainers.lightgbm.config import LightGBMConfig
-    from trainers.mwms.config import MWMSConfig
-    from trainers.xgboost.config import XGBoostConfig
-
-    for name, schema in [("ddp", DDPConfig), ("mwms", MWMSConfig), ("xgboost", XGBoostConfig),
-                         ("lightgbm", LightGBMConfig)]:
-        cs.store(group="trainer", name=f"{name}_schema", node=schema)

@@ -1,10 +1,13 @@
-"""What the two boosted-tree trainers share: each worker's shard and the final metrics."""
+"""What the two boosted-tree trainers share: each worker's shard, the per-round calls to the
+worker API, and the final metrics."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
@@ -26,6 +29,18 @@ def classification_metrics(proba: np.ndarray, y: np.ndarray, num_classes: int) -
     if num_classes == 2:
         metrics["test_auc"] = float(roc_auc_score(y, proba[:, 1]))
     return metrics
+
+
+def after_round(ctx, rounds: int, metrics: dict, samples: int, evaluate: Callable[[], dict],
+                write: Callable[[Path], None]) -> bool:
+    """The worker API after a boosting round (every rank ends each round with the same
+    model, so rank 0 alone writes it); True when boosting must stop: a preemption notice."""
+    ctx.step_done(rounds, metrics, samples)
+    if ctx.should_evaluate(rounds):
+        ctx.eval_done(rounds, evaluate())
+    if ctx.should_save(rounds):
+        ctx.save(rounds, lambda folder: write(folder) if ctx.rank == 0 else None)
+    return ctx.should_preempt()
 
 
 def first_line(exc: BaseException) -> str:

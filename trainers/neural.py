@@ -10,15 +10,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from orchestrator.config.schema import require
+from orchestrator.config.schema import TrainerConfig, require
 from orchestrator.errors import ConfigError
 
 
 @dataclass
-class NeuralNetConfig:
+class NeuralNetConfig(TrainerConfig):
     OPTIMIZERS: ClassVar[tuple[str, ...]] = ("sgd", "adam")
-    _target_: str = ""
-    name: str = ""
     model: dict[str, Any] = field(default_factory=dict)  # _target_ plus its keyword arguments
     optimizer: str = "sgd"
     lr: float = 0.1

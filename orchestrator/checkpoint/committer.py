@@ -1,8 +1,9 @@
 """Checkpoints without stalling training: the step waits only for the local snapshot.
 
-The trainer's save() already produced the checkpoint's bytes in memory: that is the
-snapshot. snapshot() hands them to a background thread, which hashes and uploads them,
-retrying through outages, and commits by writing the manifest last. With
+Every rank has a Committer. The snapshot is the folder the rank's ``write(dir)`` filled; the
+committer takes it over, and a background thread stores it as this rank's part of the
+checkpoint (hashing, uploading, retrying through outages). On rank 0 the same thread then
+waits for every other rank's part and commits by writing the manifest last. With
 asynchronous=False the same work happens inline, on the step.
 """
 
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchestrator.checkpoint.retry import DEFAULT_BACKOFF, Backoff
 from orchestrator.checkpoint.store import CheckpointStore, SavedCheckpoint
@@ -24,7 +27,7 @@ log = logging.getLogger("orchestrator.checkpoint")
 @dataclass
 class Snapshot:
     step: int
-    files: Mapping[str, bytes]
+    folder: Path  # this rank's files; the committer deletes the folder when it is done
     meta: dict
     save_s: float = 0.0
 
@@ -32,46 +35,45 @@ class Snapshot:
 @dataclass
 class Committed:
     saved: SavedCheckpoint
-    save_s: float  # the time the training step was blocked to take the snapshot
-    upload_s: float
+    save_s: float  # the longest time a rank's step was blocked taking its snapshot
+    upload_s: float  # from rank 0's hand-over to the commit
 
 
 class Committer:
-    # Snapshots waiting for upload (each holds a checkpoint in memory); one more waits.
+    # Snapshots waiting for upload (each holds a checkpoint on local disk); one more waits.
     MAX_QUEUED = 2
 
-    def __init__(self, store: CheckpointStore, asynchronous: bool = True,
+    def __init__(self, store: CheckpointStore, rank: int = 0, world_size: int = 1,
+                 attempt: str = "single", asynchronous: bool = True,
                  on_commit: Callable[[Committed], None] | None = None,
                  on_failure: Callable[[int, Exception], None] | None = None,
                  backoff: Backoff = DEFAULT_BACKOFF):
         self.store = store
+        self.rank, self.world_size, self.attempt = rank, world_size, attempt
         self.asynchronous = asynchronous
         self.on_commit = on_commit or (lambda c: None)
         self.on_failure = on_failure or (lambda step, exc: None)
         self.backoff = backoff
         self._queue: queue.Queue[Snapshot | None] = queue.Queue(maxsize=self.MAX_QUEUED)
         self._thread: threading.Thread | None = None
-        self.committed_steps: list[int] = []
+        self.committed_steps: list[int] = []  # rank 0: committed; others: part stored
 
-    def snapshot(self, step: int, files: Mapping[str, bytes], meta: dict,
-                 serialize_s: float = 0.0) -> float:
-        """Hand the files over for commit; return the seconds the step was blocked."""
+    def snapshot(self, step: int, folder: Path, meta: dict, save_s: float = 0.0) -> float:
+        """Hand this rank's files over; return the seconds the step was blocked in here."""
         started = time.perf_counter()
-        snap = Snapshot(step, files, meta)
+        snap = Snapshot(step, Path(folder), meta, save_s)
         if self.asynchronous:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="checkpoint-upload",
                                                 daemon=True)
                 self._thread.start()
-            snap.save_s = serialize_s + time.perf_counter() - started
             self._queue.put(snap)  # blocks only if uploads fall MAX_QUEUED behind
         else:
-            snap.save_s = serialize_s
-            self._commit(snap)
-        return serialize_s + time.perf_counter() - started
+            self._store(snap)
+        return time.perf_counter() - started
 
     def flush(self) -> None:
-        """Wait until every snapshot handed over so far is committed (or given up)."""
+        """Wait until every snapshot handed over so far is stored (rank 0: committed)."""
         if self._thread is not None:
             self._queue.join()
 
@@ -88,18 +90,30 @@ class Committer:
             try:
                 if snap is None:
                     return
-                self._commit(snap)
+                self._store(snap)
             finally:
                 self._queue.task_done()
 
-    def _commit(self, snap: Snapshot) -> None:
+    def _store(self, snap: Snapshot) -> None:
         started = time.perf_counter()
         try:
-            saved = self.store.save(snap.step, snap.files, snap.meta, self.backoff)
+            if self.store.is_committed(snap.step):  # an earlier attempt committed it: keep that
+                return
+            self.store.upload_part(snap.step, self.rank, self.attempt, snap.folder, self.backoff,
+                                   note={"save_s": round(snap.save_s, 4)})
+            saved = None
+            if self.rank == 0:
+                parts = self.store.wait_for_parts(snap.step, self.attempt, self.world_size,
+                                                  self.backoff.deadline_s)
+                saved = self.store.commit(snap.step, parts, snap.meta, self.backoff)
+                save_s = max(p.get("save_s", 0.0) for p in parts.values())
         except Exception as exc:  # the run goes on; the next checkpoint tries again
             log.error("checkpoint at step %d was not committed: %s", snap.step,
                       str(exc).splitlines()[0][:300])
             self.on_failure(snap.step, exc)
             return
+        finally:
+            shutil.rmtree(snap.folder, ignore_errors=True)
         self.committed_steps.append(snap.step)
-        self.on_commit(Committed(saved, snap.save_s, time.perf_counter() - started))
+        if saved is not None:
+            self.on_commit(Committed(saved, save_s, time.perf_counter() - started))

@@ -1,24 +1,23 @@
-"""When to checkpoint: a pure decision from the step count and the clock."""
+"""When to checkpoint: decisions from the step count and the clock, no effects.
+
+Steps decide on every rank alike; the clock is rank 0's, whose answer the workers agree on
+(see WorkerContext), so that every rank saves at the same step.
+"""
 
 from __future__ import annotations
 
 
 class CheckpointPolicy:
-    def __init__(self, every_steps: int | None, every_seconds: float | None):
+    def __init__(self, every_steps: int | None, every_seconds: float | None, now: float):
         self.every_steps = every_steps
         self.every_seconds = every_seconds
-        self._last_step = 0
-        self._last_time: float | None = None
+        self._last_time = now  # the clock starts with this attempt
 
-    def should_save(self, step: int, now: float) -> bool:
-        if self._last_time is None:
-            self._last_time = now  # the clock starts with the first step of this attempt
-        if step <= self._last_step:
-            return False
-        if self.every_steps and step % self.every_steps == 0:
-            return True
-        return bool(self.every_seconds and now - self._last_time >= self.every_seconds)
+    def due_by_step(self, step: int) -> bool:
+        return bool(self.every_steps) and step % self.every_steps == 0
 
-    def saved(self, step: int, now: float) -> None:
-        self._last_step = step
+    def due_by_time(self, now: float) -> bool:
+        return bool(self.every_seconds) and now - self._last_time >= self.every_seconds
+
+    def saved(self, now: float) -> None:
         self._last_time = now

@@ -1,9 +1,12 @@
-"""A checkpoint is a folder ``step_<n>`` of files plus ``manifest.json``, written last.
+"""A checkpoint is a folder ``step_<n>`` holding every rank's files plus ``manifest.json``.
 
-The manifest lists every file with its size and SHA-256. A folder without a manifest is an
-unfinished write and is never taken as a checkpoint; a folder whose files disagree with the
-manifest is corrupt and is skipped in favour of the next older one. Committed checkpoints
-are never overwritten.
+Writing is a multi-writer protocol. Each rank uploads its own files into the folder, checks
+the sizes the store reports, then writes a *part record* (``.parts/<attempt>-rank_<r>.json``:
+its files with size and SHA-256). Rank 0 waits until every rank of its attempt has written
+one, then writes the manifest, which lists every rank's files: the commit. A folder without a
+manifest (a rank died mid-write, an upload failed) is never taken as a checkpoint; a folder
+whose files disagree with the manifest is corrupt and is skipped in favour of the next older
+one. Committed checkpoints are never overwritten.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow.fs as pafs
 
@@ -24,11 +30,17 @@ from orchestrator.storage import StorageSpec, join
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+PARTS = ".parts"
+CHUNK = 8 << 20  # bytes read, hashed and written at a time: memory stays flat for any file
 _STEP_DIR = re.compile(r"^step_(\d{9})$")
 
 
 class CorruptCheckpoint(RuntimeError):
     pass
+
+
+class IncompleteCheckpoint(RuntimeError):
+    """Not every rank's part arrived in time: the checkpoint is not committed."""
 
 
 @dataclass(frozen=True)
@@ -50,12 +62,30 @@ def step_dir(step: int) -> str:
     return f"step_{step:09d}"
 
 
+def local_files(directory: Path) -> list[str]:
+    """Every file under a directory, as sorted relative POSIX paths."""
+    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 class CheckpointStore:
     """The committed checkpoints under one root URI (one run)."""
 
     def __init__(self, spec: StorageSpec):
         self.spec = spec
         self.fs, self.root = spec.filesystem()
+        self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
+
+    def ref(self, step: int) -> CheckpointRef:
+        name = step_dir(step)
+        return CheckpointRef(step, join(self.spec.uri, name), join(self.root, name))
 
     # -- reading -----------------------------------------------------------------------
     def committed(self) -> list[CheckpointRef]:
@@ -67,24 +97,69 @@ class CheckpointStore:
         refs = []
         for info in infos:
             match = _STEP_DIR.match(info.base_name)
-            if info.type != pafs.FileType.Directory or not match:
-                continue
-            manifest = self.fs.get_file_info(join(info.path, MANIFEST))
-            if manifest.type == pafs.FileType.File:
-                step = int(match.group(1))
-                refs.append(CheckpointRef(step, join(self.spec.uri, info.base_name), info.path))
+            if info.type == pafs.FileType.Directory and match and self.is_committed(int(match.group(1))):
+                refs.append(self.ref(int(match.group(1))))
         return sorted(refs, key=lambda r: r.step)
 
     def latest(self) -> CheckpointRef | None:
         refs = self.committed()
         return refs[-1] if refs else None
 
+    def is_committed(self, step: int) -> bool:
+        return self.fs.get_file_info(join(self.ref(step).path, MANIFEST)).type == pafs.FileType.File
+
     def read_manifest(self, ref: CheckpointRef) -> dict:
         with self.fs.open_input_stream(join(ref.path, MANIFEST)) as f:
             return json.loads(f.read())
 
+    def fetch(self, ref: CheckpointRef, cache: Path, verify: bool = True) -> Path:
+        """A local directory holding the checkpoint's files (every rank's) and its manifest,
+        each file checked against the manifest. A local store's folder is used where it is;
+        an object store's files are downloaded into ``cache`` (hashed as they stream)."""
+        manifest = self.read_manifest(ref)
+        if self.is_local:
+            folder = Path(ref.path)
+            for name, entry in manifest["files"].items():
+                path = folder / name
+                if not path.is_file() or path.stat().st_size != entry["bytes"]:
+                    raise CorruptCheckpoint(f"{ref.uri}/{name} is missing or has the wrong size")
+                if verify and sha256_of(path) != entry["sha256"]:
+                    raise CorruptCheckpoint(f"{ref.uri}/{name} does not match its manifest")
+            return folder
+        folder = cache / step_dir(ref.step)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, entry in manifest["files"].items():
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            digest, size = hashlib.sha256(), 0
+            with self.fs.open_input_stream(join(ref.path, name)) as src, open(target, "wb") as dst:
+                while block := src.read(CHUNK):
+                    digest.update(block)
+                    dst.write(block)
+                    size += len(block)
+            if size != entry["bytes"] or digest.hexdigest() != entry["sha256"]:
+                raise CorruptCheckpoint(f"{ref.uri}/{name} does not match its manifest")
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        return folder
+
+    def newest_intact(self, cache: Path, skipped: list[str] | None = None,
+                      ) -> tuple[CheckpointRef, Path] | None:
+        """The newest checkpoint whose files match their manifest, fetched; corrupt ones are
+        logged and described in ``skipped``."""
+        for ref in reversed(self.committed()):
+            try:
+                return ref, self.fetch(ref, cache)
+            except (CorruptCheckpoint, OSError, ValueError, KeyError) as exc:
+                reason = f"checkpoint {ref.uri} is unreadable ({exc}); trying an older one"
+                log.warning(reason)
+                if skipped is not None:
+                    skipped.append(reason)
+        return None
+
     def load(self, ref: CheckpointRef) -> tuple[dict[str, bytes], dict]:
-        """The files of a checkpoint and its meta, checked against the manifest."""
+        """The files of a checkpoint as bytes, and its meta, checked against the manifest
+        (for small checkpoints and tests; workers use fetch)."""
         manifest = self.read_manifest(ref)
         files = {}
         for name, entry in manifest["files"].items():
@@ -95,66 +170,120 @@ class CheckpointStore:
             files[name] = data
         return files, manifest.get("meta", {})
 
-    def load_newest_intact(self, skipped: list[str] | None = None):
-        """(ref, files, meta) of the newest checkpoint whose files match their manifest, or
-        None. Corrupt ones are logged and described in ``skipped``."""
-        for ref in reversed(self.committed()):
-            try:
-                files, meta = self.load(ref)
-            except (CorruptCheckpoint, OSError, ValueError, KeyError) as exc:
-                reason = f"checkpoint {ref.uri} is unreadable ({exc}); trying an older one"
-                log.warning(reason)
-                if skipped is not None:
-                    skipped.append(reason)
-                continue
-            return ref, files, meta
-        return None
-
-    # -- writing -----------------------------------------------------------------------
-    def save(self, step: int, files: Mapping[str, bytes], meta: dict | None = None,
-             backoff: Backoff = DEFAULT_BACKOFF) -> SavedCheckpoint:
-        """Upload the files one by one (each retried through outages), check the sizes the
-        store reports, then write the manifest with sizes and SHA-256: the commit."""
-        started = time.perf_counter()
-        meta = meta or {}
-        name = step_dir(step)
-        path, uri = join(self.root, name), join(self.spec.uri, name)
-        ref = CheckpointRef(step, uri, path)
-        entries = {f: {"bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()}
-                   for f, d in files.items()}
-        total = sum(e["bytes"] for e in entries.values())
-        if self._is_committed(path):  # committed by an earlier attempt: never overwrite it
-            return SavedCheckpoint(ref, total, 0.0, meta)
-        with_retries(f"creating {uri}", lambda: self.fs.create_dir(path, recursive=True), backoff)
-        for fname, data in files.items():
-            with_retries(f"uploading {uri}/{fname}",
-                         lambda f=fname, d=data: self._upload(join(path, f), d), backoff)
-        for fname, entry in entries.items():
-            size = with_retries(f"checking {uri}/{fname}",
-                                lambda f=fname: self.fs.get_file_info(join(path, f)).size, backoff)
-            if size != entry["bytes"]:
-                raise CorruptCheckpoint(f"{uri}/{fname}: {size} bytes stored, {entry['bytes']} sent")
-        manifest = {"step": step, "files": entries, "meta": meta, "committed_at": time.time()}
-        data = json.dumps(manifest, indent=1).encode()
-        with_retries(f"committing {uri}", lambda: self._write_atomically(join(path, MANIFEST), data),
+    # -- writing: one rank's part --------------------------------------------------------
+    def upload_part(self, step: int, rank: int, attempt: str, local: Path,
+                    backoff: Backoff = DEFAULT_BACKOFF, note: dict | None = None) -> dict[str, dict]:
+        """Store the files under ``local`` (this rank's part of checkpoint ``step``), check
+        their stored sizes, then write the part record (with ``note`` in it). Returns
+        {name: {bytes, sha256}}.
+        A local store moves the files in (a rename on the same disk); others upload them."""
+        ref = self.ref(step)
+        names = local_files(local)
+        with_retries(f"creating {ref.uri}", lambda: self.fs.create_dir(ref.path, recursive=True),
                      backoff)
+        entries = {}
+        for name in names:
+            entries[name] = with_retries(
+                f"uploading {ref.uri}/{name}",
+                lambda n=name: self._store_file(local / n, join(ref.path, n)), backoff)
+        for name, entry in entries.items():
+            size = with_retries(f"checking {ref.uri}/{name}",
+                                lambda n=name: self.fs.get_file_info(join(ref.path, n)).size, backoff)
+            if size != entry["bytes"]:
+                raise CorruptCheckpoint(f"{ref.uri}/{name}: {size} bytes stored, {entry['bytes']} sent")
+        record = {"step": step, "rank": rank, "attempt": attempt, "files": entries, **(note or {})}
+        with_retries(f"recording rank {rank}'s part of {ref.uri}",
+                     lambda: self._write_atomically(join(ref.path, PARTS, part_name(attempt, rank)),
+                                                    json.dumps(record).encode()), backoff)
+        return entries
+
+    def _store_file(self, local: Path, remote: str) -> dict:
+        if self.is_local:
+            Path(remote).parent.mkdir(parents=True, exist_ok=True)
+            digest = sha256_of(local)
+            try:
+                os.replace(local, remote)  # the staging folder is ours alone: move, not copy
+            except OSError:  # another disk
+                shutil.copyfile(local, remote)
+            return {"bytes": os.path.getsize(remote), "sha256": digest}
+        digest, size = hashlib.sha256(), 0
+        parent = remote.rsplit("/", 1)[0]
+        self.fs.create_dir(parent, recursive=True)
+        with open(local, "rb") as src, self.fs.open_output_stream(remote) as dst:
+            while block := src.read(CHUNK):
+                digest.update(block)
+                dst.write(block)
+                size += len(block)
+        return {"bytes": size, "sha256": digest.hexdigest()}
+
+    # -- writing: rank 0's commit --------------------------------------------------------
+    def parts(self, step: int, attempt: str) -> dict[int, dict]:
+        """The part records of one attempt written so far: {rank: record}."""
+        selector = pafs.FileSelector(join(self.ref(step).path, PARTS), allow_not_found=True)
+        found = {}
+        for info in self.fs.get_file_info(selector):
+            match = re.match(rf"^{re.escape(attempt)}-rank_(\d+)\.json$", info.base_name)
+            if match and info.type == pafs.FileType.File:
+                with self.fs.open_input_stream(info.path) as f:
+                    found[int(match.group(1))] = json.loads(f.read())
+        return found
+
+    def wait_for_parts(self, step: int, attempt: str, world_size: int, timeout_s: float,
+                       poll_s: float = 0.02) -> dict[int, dict]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self.parts(step, attempt)
+            if len(found) >= world_size:
+                return found
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(world_size)) - set(found))
+                raise IncompleteCheckpoint(f"{self.ref(step).uri}: no part from rank(s) {missing} "
+                                           f"after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, 0.5)
+
+    def commit(self, step: int, parts: Mapping[int, dict], meta: dict,
+               backoff: Backoff = DEFAULT_BACKOFF) -> SavedCheckpoint:
+        """Write the manifest listing every rank's files: from now on the checkpoint exists."""
+        started = time.perf_counter()
+        files: dict[str, dict] = {}
+        for rank in sorted(parts):
+            for name, entry in parts[rank]["files"].items():
+                if name in files:
+                    raise CorruptCheckpoint(f"ranks {files[name]['rank']} and {rank} both wrote "
+                                            f"{name!r} into the checkpoint at step {step}")
+                files[name] = {**entry, "rank": rank}
+        ref = self.ref(step)
+        manifest = {"step": step, "world_size": len(parts), "files": files, "meta": meta,
+                    "committed_at": time.time()}
+        with_retries(f"committing {ref.uri}",
+                     lambda: self._write_atomically(join(ref.path, MANIFEST),
+                                                    json.dumps(manifest, indent=1).encode()), backoff)
+        total = sum(e["bytes"] for e in files.values())
         return SavedCheckpoint(ref, total, time.perf_counter() - started, meta)
 
-    def _upload(self, remote: str, data: bytes, chunk: int = 8 << 20) -> None:
-        view = memoryview(data)
-        with self.fs.open_output_stream(remote) as dst:
-            for offset in range(0, len(view), chunk):
-                dst.write(view[offset:offset + chunk])
+    def save(self, step: int, files: Mapping[str, bytes], meta: dict | None = None,
+             backoff: Backoff = DEFAULT_BACKOFF, staging: Path | None = None) -> SavedCheckpoint:
+        """A whole checkpoint written by one process (tools and tests), through the same
+        protocol: the files as rank 0's part of a one-rank attempt, then the commit."""
+        import tempfile
 
-    def _is_committed(self, path: str) -> bool:
-        return self.fs.get_file_info(join(path, MANIFEST)).type == pafs.FileType.File
+        if self.is_committed(step):  # never overwrite a committed checkpoint
+            return SavedCheckpoint(self.ref(step), 0, 0.0, meta or {})
+        with tempfile.TemporaryDirectory(dir=staging) as tmp:
+            for name, data in files.items():
+                (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
+                (Path(tmp) / name).write_bytes(data)
+            part = self.upload_part(step, 0, "single", Path(tmp), backoff)
+        return self.commit(step, {0: {"files": part}}, meta or {}, backoff)
 
     def _write_atomically(self, path: str, data: bytes) -> None:
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            tmp = path + ".tmp"
-            with self.fs.open_output_stream(tmp) as f:
+        if self.is_local:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            tmp = f"{path}.tmp{os.getpid()}"
+            with open(tmp, "wb") as f:
                 f.write(data)
-            self.fs.move(tmp, path)  # rename: readers see no manifest or a whole one
+            os.replace(tmp, path)  # rename: readers see no file or a whole one
         else:
             with self.fs.open_output_stream(path) as f:  # an object PUT is atomic
                 f.write(data)
@@ -172,6 +301,10 @@ class CheckpointStore:
         return [r.step for r in doomed]
 
 
+def part_name(attempt: str, rank: int) -> str:
+    return f"{attempt}-rank_{rank:05d}.json"
+
+
 def open_source(spec: StorageSpec) -> tuple[CheckpointStore, CheckpointRef] | None:
     """``resume=<uri>``: a committed checkpoint folder, or a run folder (its newest one)."""
     fs, path = spec.filesystem()
@@ -180,7 +313,7 @@ def open_source(spec: StorageSpec) -> tuple[CheckpointStore, CheckpointRef] | No
         match = _STEP_DIR.match(name)
         if not match:
             return None
-        store = CheckpointStore(StorageSpec(parent_uri, spec.endpoint, spec.region))
+        store = CheckpointStore(StorageSpec(parent_uri, spec.endpoint, spec.region, spec.credentials))
         ref = next((r for r in store.committed() if r.step == int(match.group(1))), None)
         return (store, ref) if ref else None
     store = CheckpointStore(spec)

@@ -75,25 +75,25 @@ def check_command_line(argv: list[str], conf_dir: Path) -> int:
         for trial in trials:
             cfg = compose_one(trial)
             to_typed(cfg)
-            if multirun:  # a single run's trainer is checked by the launcher, before Ray
-                check_trainer(cfg, checked)
+            check_trainer(cfg, checked)
     return len(trials)
 
 
 def check_trainer(cfg, checked: set[str]) -> None:
-    """The trainer's own checks (its framework judges its parameters), once per distinct
-    trainer config, so that no trial of a sweep fails on input after others started."""
+    """The training function's checks (its schema; its framework judges its parameters), once
+    per distinct trainer config, so that no trial of a sweep fails on input after others
+    started."""
     import json
 
     from omegaconf import OmegaConf
 
-    from orchestrator.launch import trainer_class
+    from orchestrator.training_function import check_training
 
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
     key = json.dumps(trainer, sort_keys=True, default=str)
     if key not in checked:
         checked.add(key)
-        trainer_class(trainer["_target_"]).check_config(trainer)
+        check_training(trainer)
 
 
 def sweep_trials(overrides: list[str]) -> list[list[str]]:
@@ -154,9 +154,12 @@ def unknown_option(exc: MissingConfigException, overrides: list[str]) -> str:
     return first_line(exc)
 
 
-def composition_error(exc: Exception) -> str:
+def composition_error(exc: Exception, prefix: str = "") -> str:
+    """One line for an OmegaConf/Hydra error; ``prefix`` names the node the keys are under
+    (``trainer.`` when a trainer's keys are checked against its own schema)."""
     cause = exc.__cause__ or exc
-    key = getattr(cause, "full_key", None) or _override_key(str(exc))
+    key = getattr(cause, "full_key", None) or getattr(exc, "full_key", None) or _override_key(str(exc))
+    key = f"{prefix}{key}" if key else key
     if isinstance(cause, ValidationError):
         value = getattr(cause, "value", None)
         wanted = _expected_type(str(cause))

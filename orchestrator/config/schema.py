@@ -169,8 +169,20 @@ class RunSection:
 
 
 @dataclass
+class TrainerConfig:
+    """The keys every trainer has; a trainer's own schema (declared with
+    orchestrator.worker_api.training_function) extends it."""
+
+    name: str = "function"
+    fn: str = MISSING  # the training function, "module:function", run on every worker
+    backend: str = "torch"  # what Ray sets up around it (orchestrator/backends.py)
+
+
+@dataclass
 class Config:
-    trainer: Any = MISSING  # one of the trainer schemas (trainers/*/config.py)
+    # The trainer's keys are its own: checked against the schema its function declares, when
+    # the function is resolved (orchestrator/training_function.py).
+    trainer: Any = MISSING
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -191,9 +203,6 @@ def register_configs() -> None:
     # The groups cluster/storage/data/... are typed through the fields of Config; only the
     # trainer group, whose schema depends on the choice, registers one schema per trainer.
     cs.store(name="config_schema", node=Config)
-    import trainers  # the trainers own their schemas; none of them imports a framework here
-
-    trainers.register_schemas(cs)
     from orchestrator.sweep.config import register_sweeper
 
     register_sweeper(cs)

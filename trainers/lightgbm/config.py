@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config.schema import require
+from orchestrator.config.schema import TrainerConfig, require
 
 
 @dataclass
-class LightGBMConfig:
-    _target_: str = "trainers.lightgbm.trainer.LightGBMTrainer"
+class LightGBMConfig(TrainerConfig):
     name: str = "lightgbm"
+    fn: str = "trainers.lightgbm.train:main"
+    backend: str = "lightgbm"
     objective: str | None = None  # null: binary or multiclass, from the data
     num_boost_round: int = 50  # a step is one boosting round
     num_leaves: int = 31

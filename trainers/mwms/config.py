@@ -10,8 +10,9 @@ from trainers.neural import NeuralNetConfig
 
 @dataclass
 class MWMSConfig(NeuralNetConfig):
-    _target_: str = "trainers.mwms.trainer.MWMSTrainer"
     name: str = "mwms"
+    fn: str = "trainers.mwms.train:main"
+    backend: str = "tensorflow"
     # A function (in_features, num_classes, **kwargs) -> tf.keras.Model returning logits.
     model: dict[str, Any] = field(
         default_factory=lambda: {"_target_": "trainers.mwms.models.mlp", "hidden": [128, 64]}

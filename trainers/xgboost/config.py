@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config.schema import require
+from orchestrator.config.schema import TrainerConfig, require
 
 
 @dataclass
-class XGBoostConfig:
-    _target_: str = "trainers.xgboost.trainer.XGBoostTrainer"
+class XGBoostConfig(TrainerConfig):
     name: str = "xgboost"
+    fn: str = "trainers.xgboost.train:main"
+    backend: str = "xgboost"
     objective: str | None = None  # null: binary:logistic or multi:softprob, from the data
     num_boost_round: int = 50  # a step is one boosting round
     max_depth: int = 6

@@ -1,0 +1,68 @@
+"""What Ray Train sets up around a training function, by name (``trainer.backend``).
+
+Each backend is one of Ray Train's own BackendConfig classes, named here by import path and
+imported only when a run uses it: the core imports no framework (torch elastic registers its
+rendezvous backends the same way).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from orchestrator.errors import ConfigError
+
+
+def no_options(hang_timeout_s: float, use_gpu: bool) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    config_class: str  # "module:Class" of Ray Train's BackendConfig for it
+    options: Callable[[float, bool], dict] = no_options  # (hang timeout, GPUs?) -> its kwargs
+    controller_env: Mapping[str, str] = field(default_factory=dict)  # read by Ray Train's controller
+    worker_env: Mapping[str, str] = field(default_factory=dict)  # set before the first import
+
+    def ray_config(self, hang_timeout_s: float, use_gpu: bool):
+        module, _, name = self.config_class.partition(":")
+        return getattr(importlib.import_module(module), name)(**self.options(hang_timeout_s, use_gpu))
+
+
+def torch_options(process_group: str | None):
+    def options(hang_timeout_s: float, use_gpu: bool) -> dict:
+        # A stuck peer fails the collective after the hang timeout, not torch's 30 minutes.
+        return {"backend": process_group or ("nccl" if use_gpu else "gloo"),
+                "timeout_s": int(hang_timeout_s)}
+
+    return options
+
+
+# Replacing a worker group first asks every worker to leave the torch process group and waits
+# up to 30 s (Ray's default) for all of them: a hung worker never answers, and the workers are
+# killed right after anyway. Healthy ones leave in milliseconds.
+TORCH_CONTROLLER_ENV = {"TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": "2"}
+# Keras 3 fails under MultiWorkerMirroredStrategy; tf-keras (Keras 2) works, and must be chosen
+# before tensorflow is first imported in the worker.
+TF_WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+BACKENDS: dict[str, Backend] = {
+    b.name: b for b in [
+        Backend("torch", "ray.train.torch:TorchConfig", torch_options(None), TORCH_CONTROLLER_ENV),
+        Backend("gloo", "ray.train.torch:TorchConfig", torch_options("gloo"), TORCH_CONTROLLER_ENV),
+        Backend("nccl", "ray.train.torch:TorchConfig", torch_options("nccl"), TORCH_CONTROLLER_ENV),
+        Backend("tensorflow", "ray.train.tensorflow:TensorflowConfig", worker_env=TF_WORKER_ENV),
+        Backend("xgboost", "ray.train.xgboost:XGBoostConfig"),
+        Backend("lightgbm", "ray.train.lightgbm:LightGBMConfig"),
+        Backend("none", "ray.train.backend:BackendConfig"),
+    ]
+}
+
+
+def backend_named(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise ConfigError(f"trainer.backend={name!r} is not allowed: one of {', '.join(BACKENDS)} "
+                          "(torch picks nccl with GPUs, else gloo)")
+    return BACKENDS[name]

@@ -1,0 +1,103 @@
+"""``trainer.fn``: find the training function and check what it will be given, on the driver,
+before Ray starts. Every problem is one ConfigError line naming the key (exit 2)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from orchestrator.backends import Backend, backend_named
+from orchestrator.errors import ConfigError
+from orchestrator.worker_api import TrainingInfo, training_info
+
+
+@dataclass(frozen=True)
+class Training:
+    path: str  # trainer.fn as given
+    fn: Callable
+    info: TrainingInfo
+    backend: Backend
+    config: dict  # cfg["trainer"], checked, with the schema's defaults filled in
+
+
+def import_function(path: str) -> Callable:
+    """``module:function`` (or ``module.function``) -> the function."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(f"trainer.fn={path!r} is not allowed: an import path such as "
+                          "mypkg.train:main")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any error while importing the user's module is input
+        raise ConfigError(f"trainer.fn={path!r}: cannot import {module_name} "
+                          f"({type(exc).__name__}: {first_line(exc)})") from exc
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise ConfigError(f"trainer.fn={path!r}: {module_name} has no {attr!r}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise ConfigError(f"trainer.fn={path!r} is not callable (a {type(fn).__name__}): it must "
+                          "be a function fn(ctx, cfg)")
+    return fn
+
+
+def check_signature(fn: Callable, path: str) -> None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # no signature to read (a builtin): it will tell at the call
+    try:
+        signature.bind(object(), {})
+    except TypeError:
+        raise ConfigError(f"trainer.fn={path!r} takes the wrong arguments {signature}: it is "
+                          "called as fn(ctx, cfg)") from None
+
+
+def check_training(trainer: Mapping[str, Any]) -> Training:
+    """The function, its backend, and its config checked against the schema it declares."""
+    path = trainer.get("fn")
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError("trainer.fn: a value is required: the import path of your training "
+                          "function, e.g. trainer.fn=mypkg.train:main")
+    backend = backend_named(str(trainer.get("backend", "torch")))
+    fn = import_function(path)
+    check_signature(fn, path)
+    info = training_info(fn)
+    config = validated(dict(trainer), info.config)
+    if info.check is not None:
+        info.check(config)
+    return Training(path, fn, info, backend, config)
+
+
+def validated(trainer: dict, schema: type | None) -> dict:
+    """Merge into the schema (types, unknown keys, defaults), build it (its __post_init__
+    checks across fields), and return the merged keys as a plain dict."""
+    if schema is None:
+        return trainer
+    from orchestrator.config.preflight import composition_error
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), trainer)
+        OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError(composition_error(exc, prefix="trainer.")) from None
+    return OmegaConf.to_container(merged, resolve=True)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -1,0 +1,317 @@
+"""The public worker API: what a training function talks to on every worker.
+
+    python -m orchestrator trainer=function trainer.fn=mypkg.train:main +trainer.steps=1000
+
+runs ``main(ctx, cfg)`` on every worker. ``cfg`` is a plain dict holding the composed
+``trainer`` and ``data`` config nodes; ``ctx`` is a :class:`WorkerContext`. The built-in
+trainers (``trainers/``) are functions like this one. A loop that uses all of it::
+
+    def main(ctx, cfg):
+        model = build(cfg["trainer"])
+        if (path := ctx.restore()) is not None:            # newest committed checkpoint
+            model.load(path / "model.pt")
+        batches = ctx.batches(num_rows, global_batch=64)   # the same global batch at any size
+        ctx.total_steps = cfg["trainer"]["steps"]
+        for step in range(ctx.start_step, ctx.total_steps):
+            loss = model.train_on(batches.rows(step))       # this rank's rows of the step
+            ctx.step_done(step + 1, {"loss": loss}, samples=64)
+            if ctx.should_save(step + 1):
+                ctx.save(step + 1, lambda d: model.save(d / "model.pt") if ctx.rank == 0 else None)
+            if ctx.should_preempt():                       # saved just above: return now
+                return None
+        return {"test_accuracy": model.evaluate()}         # rank 0's: the run's metrics
+
+Steps count completed optimizer steps (or boosting rounds): ``step_done(n)`` after the n-th.
+Every rank must call ``step_done``, ``should_save``/``save`` and ``should_preempt`` at the
+same steps: they agree on preemption notices and on time-based checkpoints there.
+No framework is imported here: a checkpoint is whatever files ``write(dir)`` puts in a folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from orchestrator.checkpoint.committer import Committed, Committer
+from orchestrator.checkpoint.policy import CheckpointPolicy
+from orchestrator.checkpoint.retry import Backoff
+from orchestrator.data.order import DataOrder, step_seed
+from orchestrator.observe.step_reports import StepReports
+from orchestrator.preemption_checks import PreemptionChecks
+
+if TYPE_CHECKING:
+    from orchestrator.data.datasets import Dataset
+    from orchestrator.worker import Collective, Start, WorkerSpec
+
+log = logging.getLogger("orchestrator.worker")
+
+
+# -- declaring a training function (optional) --------------------------------------------
+@dataclass(frozen=True)
+class TrainingInfo:
+    config: type | None = None  # a dataclass schema for cfg["trainer"], checked before Ray starts
+    check: Callable[[dict], None] | None = None  # more checks on cfg["trainer"] (raise ConfigError)
+    step_unit: str = "step"  # what the progress display counts ("round" for boosting)
+
+
+def training_function(config: type | None = None, check: Callable[[dict], None] | None = None,
+                      step_unit: str = "step"):
+    """Optional decorator: the schema your ``trainer`` keys must fit (a dataclass whose
+    ``__post_init__`` may raise ConfigError), extra checks, and the unit of a step. Bad input
+    then stops the command with one line and exit code 2, before any worker starts."""
+
+    def mark(fn):
+        fn.__training_info__ = TrainingInfo(config, check, step_unit)
+        return fn
+
+    return mark
+
+
+def training_info(fn) -> TrainingInfo:
+    return getattr(fn, "__training_info__", None) or TrainingInfo()
+
+
+# -- the data order ------------------------------------------------------------------------
+class Batches:
+    """The global batch of every step, fixed by (seed, step) whatever the world size, and this
+    rank's share of it (every world_size-th row). Steps are 0-based here: ``rows(step)`` is
+    what the step after ``step`` completed ones trains on, so a resume continues exactly."""
+
+    def __init__(self, order: DataOrder, rank: int, world_size: int):
+        self._order, self._rank, self._world = order, rank, world_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self._order.steps_per_epoch
+
+    def rows(self, step: int) -> np.ndarray:
+        """This rank's row indices of the global batch at ``step``."""
+        return self._order.shard(step, self._rank, self._world)
+
+    def global_rows(self, step: int) -> np.ndarray:
+        return self._order.global_batch_rows(step)
+
+    def epoch(self, step: int) -> int:
+        return self._order.epoch_of(step)
+
+    def position(self, step: int) -> dict:
+        """Where the data stream stands after ``step`` completed steps (kept in manifests)."""
+        o = self._order
+        return {"seed": o.seed, "num_rows": o.num_rows, "global_batch": o.global_batch,
+                "next_step": step, "epoch": o.epoch_of(step),
+                "batch_in_epoch": step % o.steps_per_epoch}
+
+
+# -- the context -------------------------------------------------------------------------
+class WorkerContext:
+    """One per worker, built by the orchestrator before your function is called."""
+
+    rank: int  # 0..world_size-1; rank 0 reports progress and commits checkpoints
+    local_rank: int  # rank among the workers on this node
+    world_size: int
+    seed: int  # the run's seed (seed=...): weights, data order, split
+    device_ids: list[int]  # GPUs Ray assigned to this worker (empty on CPU)
+    start_step: int  # the step of the checkpoint restore() returns (0 on a fresh start)
+
+    def __init__(self, spec: WorkerSpec, rank: int, local_rank: int, world_size: int,
+                 device_ids: list[int], start: Start, collective: Collective, workdir: Path):
+        self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self.seed, self.device_ids, self.start_step = spec.seed, list(device_ids), start.step
+        self._spec, self._start, self._collective, self._workdir = spec, start, collective, workdir
+        now = time.monotonic()
+        self._started_at = time.time()
+        self._total: int | None = None
+        self._step = start.step
+        self._announced = False
+        self._restored: Path | None = start.path
+        self._policy = CheckpointPolicy(spec.checkpoint.every_steps, spec.checkpoint.every_seconds, now)
+        self._checks = PreemptionChecks(spec.preemption_check_s, start.step, now)
+        self._reports = StepReports(spec.recorder) if rank == 0 else None
+        self._notice = None  # the preemption notice every rank agreed on
+        self._save_at: int | None = None  # a time-based checkpoint agreed for this step
+        self._last_saved = start.step  # the resumed checkpoint needs no saving again
+        self._batches: Batches | None = None
+        self._dataset: Dataset | None = None
+        from orchestrator.checkpoint.store import CheckpointStore
+
+        self._store = CheckpointStore(spec.run_storage)
+        self._staging = start.staging
+        self._committer = Committer(
+            self._store, rank, world_size, start.attempt, spec.checkpoint.async_upload,
+            on_commit=self._committed, on_failure=self._not_committed,
+            backoff=Backoff(deadline_s=spec.checkpoint.upload_retry_s))
+
+    # -- restoring -----------------------------------------------------------------------
+    def restore(self) -> Path | None:
+        """A local directory holding the newest committed checkpoint (every rank's files and
+        its manifest.json, checked against their checksums), or None on a fresh start. Every
+        rank gets the same checkpoint, taken at ``start_step``. Read it; do not write into it."""
+        if self._start.ref is None:
+            return None
+        if self._restored is None:  # rank 0 fetched (and verified) it before the start
+            self._restored = self._start.store.fetch(self._start.ref, self._workdir / "restore",
+                                                     verify=not self._start.store.is_local)
+        return self._restored
+
+    @property
+    def total_steps(self) -> int | None:
+        """How many steps the run takes, if you say so: the progress display's ETA, and
+        ``should_save`` is True at the last step."""
+        return self._total
+
+    @total_steps.setter
+    def total_steps(self, total: int | None) -> None:
+        self._total = None if total is None else int(total)
+        self._announce()
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def should_save(self, step: int) -> bool:
+        """Checkpoint after ``step`` completed steps? The policy (checkpoint.every_steps,
+        checkpoint.every_seconds), the last step, and a preemption notice; the same answer on
+        every rank."""
+        if step <= self._last_saved:
+            return False
+        if self._notice is not None or step == self._save_at:
+            return True
+        if self._total is not None and step >= self._total:
+            return True
+        return self._policy.due_by_step(step)
+
+    def save(self, step: int, write: Callable[[Path], Any]) -> None:
+        """Every rank, at the same step. ``write(dir)`` writes this rank's files into an empty
+        local directory (any format; it may write none, as with replicated state where rank 0
+        alone writes). The step waits only for ``write``: the files are uploaded in the
+        background, and the checkpoint is committed (manifest written last by rank 0) only
+        once every rank's files are stored and their sizes checked."""
+        if step <= self._last_saved:
+            return
+        self._last_saved = step
+        if self._reports is not None:
+            self._reports.send()  # steps reported before the checkpoint that covers them
+        folder = self._staging / f"step_{step:09d}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        started = time.perf_counter()
+        write(folder)
+        meta = {"step": step, "world_size": self.world_size, "seed": self.seed}
+        if self._batches is not None:
+            meta["data"] = self._batches.position(step)
+        self._committer.snapshot(step, folder, meta, time.perf_counter() - started)
+        self._policy.saved(time.monotonic())
+
+    # -- progress and preemption ---------------------------------------------------------
+    def step_done(self, step: int, metrics: Mapping[str, Any] | None = None, samples: int = 0) -> None:
+        """After each completed step, on every rank: progress, metrics (rank 0's are the
+        curves; values may be tensors, read only when reported), and, about every
+        failure.preemption_check_s, the workers' agreement on preemption notices."""
+        self._step = step
+        self._announce()
+        final = self._total is not None and step >= self._total
+        if self._reports is not None:
+            self._reports.add(step, metrics or {}, samples, final)
+        if not final and self._checks.due(step):
+            self._agree(step)
+
+    def should_preempt(self) -> bool:
+        """True on every rank once a preemption notice (a drain, SIGTERM to the node) was
+        agreed on: ``should_save`` is True at that step; save, then return. The orchestrator
+        waits for the upload and the restart resumes there (no step lost)."""
+        return self._notice is not None
+
+    def _agree(self, step: int) -> None:
+        info = self._collective.preemption_info()  # a barrier: every rank is here
+        now = time.monotonic()
+        proposal = None
+        if self.rank == 0:  # rank 0's clock decides the next check and time-based saves
+            proposal = (self._checks.propose(step, now), self._policy.due_by_time(now))
+        interval, save_now = self._collective.broadcast(proposal)
+        self._checks.agreed(step, interval, now)
+        if save_now:
+            self._save_at = step
+        if info is not None and self._notice is None:
+            self._notice = info
+            if self.rank == 0:
+                deadline = info.deadline_ms / 1000 if info.deadline_ms else None
+                left = deadline - time.time() if deadline else None
+                self._spec.recorder.preemption_notice.remote(step, left, info.preempted_node_ids,
+                                                            time.time())
+
+    # -- data and evaluation -------------------------------------------------------------
+    def batches(self, num_rows: int, global_batch: int) -> Batches:
+        """The deterministic order of the rows, in global batches of ``global_batch`` (the
+        same at any world size), and this rank's share; checkpoints record its position."""
+        self._batches = Batches(DataOrder(self.seed, num_rows, global_batch), self.rank,
+                                self.world_size)
+        self._check_data_position(num_rows, global_batch)
+        return self._batches
+
+    def step_seed(self, step: int) -> int:
+        """A seed for step ``step``'s randomness on this rank (dropout, augmentation): a
+        resumed run replays it exactly."""
+        return step_seed(self.seed, step, self.rank)
+
+    def dataset(self) -> Dataset:
+        """The configured dataset (data=digits|synthetic|parquet) as numpy arrays with the
+        seeded train/test split: every rank loads the same; take your rows with batches()."""
+        if self._dataset is None:
+            from orchestrator.data.datasets import load_dataset
+
+            self._dataset = load_dataset(self._spec.data, self.seed, self._spec.run_storage)
+        return self._dataset
+
+    def should_evaluate(self, step: int) -> bool:
+        """run.eval_every_steps says to evaluate after this step (curves, and the metric a
+        sweep's early stopping compares); report with eval_done."""
+        every = self._spec.eval_every_steps
+        final = self._total is not None and step >= self._total
+        return bool(every) and step % every == 0 and not final
+
+    def eval_done(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Held-out metrics after ``step`` (rank 0's are recorded)."""
+        if self.rank == 0:
+            self._spec.recorder.evaluated.remote(step, {k: float(v) for k, v in metrics.items()})
+
+    # -- the orchestrator's side ---------------------------------------------------------
+    def _announce(self) -> None:
+        if not self._announced and self.rank == 0:
+            self._spec.recorder.group_started.remote(self.world_size, self.start_step,
+                                                     self._started_at, self._total)
+        self._announced = True
+
+    def _check_data_position(self, num_rows: int, global_batch: int) -> None:
+        before = self._start.meta.get("data") if self._start.meta else None
+        if self.rank == 0 and before and (before["num_rows"], before["global_batch"]) != \
+                (num_rows, global_batch):
+            self._spec.recorder.warning.remote(
+                f"the checkpoint at step {self.start_step} was taken over {before['num_rows']} "
+                f"rows in global batches of {before['global_batch']}, this run has {num_rows} "
+                f"and {global_batch}: its data order differs from the run it resumes")
+
+    def _committed(self, done: Committed) -> None:
+        ref = done.saved.ref
+        self._spec.recorder.checkpoint.remote(ref.step, ref.uri, done.saved.bytes, done.save_s,
+                                              done.upload_s)
+        self._store.prune(self._spec.checkpoint.keep, protect=self._start.protect)
+
+    def _not_committed(self, step: int, exc: Exception) -> None:
+        self._spec.recorder.warning.remote(
+            f"checkpoint at step {step} was not committed (rank {self.rank}): "
+            f"{str(exc).splitlines()[0][:200]}")
+
+    def _flush(self) -> None:
+        """Wait for the uploads handed over so far (rank 0: until they are committed)."""
+        if self._reports is not None:
+            self._reports.send()
+        self._committer.flush()
+
+    def _close(self) -> None:
+        if self._reports is not None:
+            self._reports.send()
+        self._committer.close()

@@ -1,0 +1,162 @@
+"""The worker API's decisions on one rank, with a scripted stand-in for Ray's collective and
+recorder (their real counterparts run in the end-to-end tests); the checkpoint store and
+committer are the real ones, on a local directory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.config.schema import CheckpointConfig, DataConfig
+from orchestrator.errors import ConfigError
+from orchestrator.storage import StorageSpec
+from orchestrator.training_function import check_training
+from orchestrator.worker import WorkerSpec, start_point
+from orchestrator.worker_api import WorkerContext
+
+
+class Recorder:
+    """Takes the actor calls a rank makes (``recorder.x.remote(...)``)."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name):
+        calls = self.calls
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                calls.append((name, args))
+
+        return Method
+
+    def named(self, name):
+        return [args for n, args in self.calls if n == name]
+
+
+@dataclass
+class Notice:
+    deadline_ms: int
+    preempted_node_ids: tuple = ("node-1",)
+
+
+class OneRank:
+    """Rank 0 of a one-worker group; a preemption notice shows up at the n-th check."""
+
+    def __init__(self, notice_at_check: int | None = None):
+        self.checks, self.notice_at = 0, notice_at_check
+
+    def broadcast(self, value):
+        return value
+
+    def preemption_info(self):
+        self.checks += 1
+        return Notice(10**15) if self.checks == self.notice_at else None
+
+
+def context(tmp_path: Path, collective=None, recorder=None, **checkpoint) -> WorkerContext:
+    spec = WorkerSpec("tests.user_trainers:takes_one_argument", {}, DataConfig(),
+                      CheckpointConfig(**checkpoint), StorageSpec(str(tmp_path / "run")), None,
+                      seed=7, recorder=recorder or Recorder(), preemption_check_s=1.0)
+    collective = collective or OneRank()
+    workdir = tmp_path / f"work{len(list(tmp_path.glob('work*')))}"
+    start = start_point(spec, 0, collective, workdir)
+    return WorkerContext(spec, 0, 0, 1, [], start, collective, workdir)
+
+
+def loop(ctx: WorkerContext, until: int) -> list[int]:
+    """A loop as the docs show it; returns the steps it saved at."""
+    saved = []
+    for step in range(ctx.start_step, until):
+        ctx.step_done(step + 1, {"loss": 1.0 / (step + 1)}, samples=4)
+        if ctx.should_save(step + 1):
+            ctx.save(step + 1, lambda d, s=step + 1: (d / "state.txt").write_text(str(s)))
+            saved.append(step + 1)
+        if ctx.should_preempt():
+            break
+    ctx._close()
+    return saved
+
+
+def test_saves_by_policy_and_at_the_end_and_a_new_attempt_restores_the_newest(tmp_path):
+    recorder = Recorder()
+    ctx = context(tmp_path, recorder=recorder, every_steps=5)
+    assert ctx.restore() is None and ctx.start_step == 0
+    ctx.total_steps = 12
+    assert loop(ctx, 12) == [5, 10, 12]
+    assert [args[0] for args in recorder.named("checkpoint")] == [5, 10, 12]
+    assert recorder.named("group_started")[0][:2] == (1, 0)
+
+    again = context(tmp_path, every_steps=5)
+    assert again.start_step == 12 and (again.restore() / "state.txt").read_text() == "12"
+    assert not again.should_save(12)  # the checkpoint it resumed from is not taken again
+
+
+def test_a_preemption_notice_saves_at_that_step_and_stops_the_loop(tmp_path):
+    recorder = Recorder()
+    ctx = context(tmp_path, OneRank(notice_at_check=3), recorder, every_steps=1000)
+    saved = loop(ctx, 10_000)
+    # Checks after steps 1, 2 and then as rank 0 proposes: the third check had the notice.
+    assert ctx.should_preempt() and len(saved) == 1
+    notice_step = recorder.named("preemption_notice")[0][0]
+    assert saved == [notice_step] and ctx._step == notice_step
+    assert context(tmp_path).start_step == notice_step
+
+
+def test_time_based_checkpoints_are_agreed_at_a_check(tmp_path):
+    ctx = context(tmp_path, every_steps=None, every_seconds=1e-6)
+    saved = loop(ctx, 3)
+    assert saved and saved[0] == 1  # decided by rank 0's clock at the first check
+
+
+def test_batches_split_the_global_batch_and_the_position_is_kept(tmp_path):
+    ctx = context(tmp_path, every_steps=2)
+    batches = ctx.batches(num_rows=100, global_batch=8)
+    assert len(batches.rows(0)) == 8 and batches.steps_per_epoch == 12
+    loop(ctx, 2)
+    manifest = __import__("json").loads((tmp_path / "run" / "step_000000002" / "manifest.json").read_text())
+    assert manifest["meta"]["data"] == {"seed": 7, "num_rows": 100, "global_batch": 8,
+                                        "next_step": 2, "epoch": 0, "batch_in_epoch": 2}
+    recorder = Recorder()
+    resumed = context(tmp_path, recorder=recorder)
+    assert np.array_equal(resumed.batches(100, 8).rows(2), batches.rows(2))
+    resumed.batches(100, 16)  # another global batch than the checkpoint's: said so
+    assert "data order differs" in recorder.named("warning")[0][0]
+
+
+@pytest.mark.parametrize("fn, message", [
+    ("no_such_package.train:main", "cannot import no_such_package.train (ModuleNotFoundError"),
+    ("tests.user_trainers:missing", "tests.user_trainers has no 'missing'"),
+    ("tests.user_trainers:NOT_A_FUNCTION", "is not callable (a int)"),
+    ("tests.user_trainers:takes_one_argument", "takes the wrong arguments (ctx): it is called as fn(ctx, cfg)"),
+    ("main", "an import path such as mypkg.train:main"),
+])
+def test_a_training_function_that_cannot_be_called_is_refused(fn, message):
+    with pytest.raises(ConfigError) as err:
+        check_training({"fn": fn, "backend": "torch"})
+    assert message in str(err.value) and str(err.value).startswith(f"trainer.fn={fn!r}")
+
+
+@pytest.mark.parametrize("trainer, message", [
+    ({"backend": "torch"}, "trainer.fn: a value is required"),
+    ({"fn": "tests.user_trainers:paced_ddp", "backend": "mpi"}, "trainer.backend='mpi' is not allowed: one of torch"),
+    ({"fn": "trainers.ddp.train:main", "lr": -1.0}, "trainer.lr=-1.0 is not allowed: a number > 0"),
+    ({"fn": "trainers.ddp.train:main", "lr": "fast"}, "trainer.lr='fast' is not allowed: a number"),
+    ({"fn": "trainers.ddp.train:main", "colour": 1}, "trainer.colour: unknown key"),
+])
+def test_a_trainer_config_is_checked_against_the_schema_its_function_declares(trainer, message):
+    with pytest.raises(ConfigError) as err:
+        check_training(trainer)
+    assert message in str(err.value)
+
+
+def test_the_schemas_defaults_fill_in_and_a_plain_function_keeps_its_own_keys():
+    ddp = check_training({"fn": "trainers.ddp.train:main", "lr": 0.5})
+    assert ddp.config["lr"] == 0.5 and ddp.config["weight_decay"] == 0.0
+    assert ddp.backend.name == "torch" and ddp.info.step_unit == "step"
+    own = check_training({"fn": "tests.user_trainers:paced_ddp", "steps": 3, "anything": [1]})
+    assert own.config == {"fn": "tests.user_trainers:paced_ddp", "steps": 3, "anything": [1]}

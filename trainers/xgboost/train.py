@@ -1,0 +1,86 @@
+"""XGBoost as a training function: one step is one boosting round.
+
+Each worker boosts on its shard; Ray Train's xgboost backend wraps the function in xgboost's
+collective context, so histograms are all-reduced and every worker holds the same booster.
+A resume continues boosting from the saved booster (round r), not from zero.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xgboost as xgb
+
+from orchestrator.errors import ConfigError
+from orchestrator.worker_api import WorkerContext, training_function
+from trainers.boosting import (
+    after_round,
+    classification_metrics,
+    first_line,
+    native_stderr_silenced,
+    worker_rows,
+)
+from trainers.xgboost.config import XGBoostConfig
+
+PARAM_KEYS = ("max_depth", "eta", "subsample", "colsample_bytree", "min_child_weight",
+              "reg_lambda", "tree_method", "max_bin")
+
+
+def booster_params(config: Mapping[str, Any], num_classes: int, seed: int) -> dict[str, Any]:
+    params = {k: config[k] for k in PARAM_KEYS}
+    objective = config.get("objective") or ("binary:logistic" if num_classes == 2 else "multi:softprob")
+    params.update(objective=objective, seed=seed)
+    if objective.startswith("multi:"):
+        params["num_class"] = num_classes
+    params.update(config.get("params") or {})
+    return params
+
+
+def check_config(config: Mapping[str, Any]) -> None:
+    """Let XGBoost itself judge the parameters, on a tiny problem, before Ray starts."""
+    x = np.array([[0.0], [1.0], [0.0], [1.0]], dtype=np.float32)
+    y = np.array([0, 1, 0, 1], dtype=np.float32)
+    try:
+        with native_stderr_silenced():
+            xgb.train(booster_params(config, 2, 0), xgb.DMatrix(x, label=y), num_boost_round=1)
+    except xgb.core.XGBoostError as exc:
+        key = "trainer.objective" if config.get("objective") else "trainer.params"
+        raise ConfigError(f"{key}: XGBoost refuses it: {first_line(exc)}") from exc
+
+
+class _EachRound(xgb.callback.TrainingCallback):
+    def __init__(self, ctx: WorkerContext, samples: int, evaluate):
+        self.ctx, self.samples, self.evaluate = ctx, samples, evaluate
+
+    def after_iteration(self, model, epoch, evals_log) -> bool:
+        metrics = {f"train_{name}": float(history[-1])
+                   for name, history in evals_log.get("train", {}).items()}
+        return after_round(self.ctx, model.num_boosted_rounds(), metrics, self.samples,
+                           lambda: self.evaluate(model),
+                           lambda folder: model.save_model(str(folder / "model.ubj")))
+
+
+@training_function(config=XGBoostConfig, check=check_config, step_unit="round")
+def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
+    tcfg, data = cfg["trainer"], ctx.dataset()
+    rows = worker_rows(len(data.y_train), ctx.rank, ctx.world_size)
+    threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    params = booster_params(tcfg, data.num_classes, ctx.seed) | {"nthread": threads}
+    dtrain = xgb.DMatrix(data.x_train[rows], label=data.y_train[rows])
+    booster = None
+    if (path := ctx.restore()) is not None:
+        booster = xgb.Booster(params=params, model_file=str(path / "model.ubj"))
+    ctx.total_steps = int(tcfg["num_boost_round"])
+
+    def evaluate(model: xgb.Booster) -> dict[str, float]:
+        proba = model.predict(xgb.DMatrix(data.x_test))
+        return classification_metrics(proba, data.y_test, data.num_classes)
+
+    if ctx.start_step < ctx.total_steps:
+        booster = xgb.train(params, dtrain, num_boost_round=ctx.total_steps - ctx.start_step,
+                            evals=[(dtrain, "train")], verbose_eval=False, xgb_model=booster,
+                            callbacks=[_EachRound(ctx, len(data.y_train), evaluate)])
+    return None if ctx.should_preempt() else evaluate(booster)
