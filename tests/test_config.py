@@ -107,6 +107,25 @@ def test_cli_rejects_bad_config(tmp_path, overrides, key):
     assert_input_error(result, key, storage)
 
 
+@pytest.mark.parametrize("fn, what", [
+    ("mypkg.nope:main", "cannot import mypkg.nope"),
+    ("mypkg.train:steps", "has no 'steps'"),
+    ("mypkg.bad:NOT_CALLABLE", "is not callable"),
+    ("mypkg.bad:one_argument", "takes the wrong arguments"),
+])
+def test_cli_rejects_a_training_function_it_cannot_call(tmp_path, fn, what):
+    """Run from the user's own project folder, as a user would, before Ray starts."""
+    from tests.conftest import user_project
+
+    project = user_project(tmp_path)
+    (project / "mypkg" / "bad.py").write_text("NOT_CALLABLE = 3\n\ndef one_argument(ctx):\n    pass\n")
+    storage = tmp_path / "ckpt"
+    result = run_cli(tmp_path / "run", "trainer=function", f"trainer.fn={fn}",
+                     f"storage.uri={storage}", timeout=120, cwd=project)
+    assert_input_error(result, f"trainer.fn={fn!r}", storage)
+    assert what in result.stderr
+
+
 def test_cli_rejects_missing_data_path(tmp_path):
     storage = tmp_path / "ckpt"
     result = run_cli(tmp_path / "run", f"storage.uri={storage}", "data=parquet",

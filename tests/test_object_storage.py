@@ -157,3 +157,40 @@ def test_every_trainer_round_trips_through_s3(ray_head, s3_server, bucket, tmp_p
             if path.is_file():
                 assert s3_server.secret_key.encode() not in path.read_bytes(), path
     assert s3_server.secret_key not in first.output + again.output
+
+
+def test_a_users_loop_commits_every_ranks_files_to_s3_and_skips_a_corrupt_one(
+        ray_head, s3_server, bucket, tmp_path):
+    """The user's own loop (every rank writes a file) on S3: rank 1 killed while writing its
+    part at step 200, so step 200 is never the latest and the restart resumes from 100; then a
+    corrupted rank file in the newest checkpoint makes the next run fall back to the one before."""
+    from tests.conftest import user_project
+
+    project = user_project(tmp_path)
+    common = ["trainer=function", f"cluster.address={ray_head.address}", "storage=s3",
+              "storage.uri=s3://ckpt-tests/users", f"storage.endpoint={s3_server.endpoint}",
+              "checkpoint.every_steps=100", "checkpoint.keep=0", "run.name=users-loop"]
+    first = run_cli(tmp_path / "a", *common, "trainer.fn=mypkg.faults:crash_while_saving",
+                    "+trainer.steps=300", "+trainer.crash_at=200",
+                    f"+trainer.marker={tmp_path / 'crashed'}", env=s3_env(s3_server), cwd=project)
+    assert first.returncode == 0, first.output[-4000:]
+    rec = first.record
+    assert rec["restarts"] == 1 and [w["step"] for w in rec["world_sizes"]] == [0, 100]
+    assert [c["step"] for c in rec["checkpoints"]] == [100, 200, 300]
+    store = CheckpointStore(spec_for(s3_server, "users/users-loop"))
+    manifest = store.read_manifest(store.latest())
+    assert manifest["step"] == 300 and {n: e["rank"] for n, e in manifest["files"].items()} == {
+        "model.pt": 0, "optimizer.pt": 0, "rank_0.json": 0, "rank_1.json": 1}
+
+    fs, key = s3_server.filesystem(), "ckpt-tests/users/users-loop/step_000000300/rank_1.json"
+    with fs.open_input_stream(key) as f:
+        good = f.read()
+    with fs.open_output_stream(key) as f:
+        f.write(good.replace(b"9600", b"9601"))  # the same size, other bytes
+    again = run_cli(tmp_path / "b", *common, "trainer.fn=mypkg.train:main", "+trainer.steps=400",
+                    env=s3_env(s3_server), cwd=project)
+    assert again.returncode == 0, again.output[-4000:]
+    rec = again.record
+    assert rec["resumed_from_step"] == 200 and rec["steps"] == 400
+    assert any("step_000000300/rank_1.json does not match its manifest" in w
+               for w in rec["warnings"]), rec["warnings"]

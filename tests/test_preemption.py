@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from scripts.local_cluster import RAY, node_env, node_of
-from tests.conftest import add_node, start_head, stop_head
+from tests.conftest import add_node, start_head, stop_head, user_project
 from tests.test_faults import read_record, start_run, wait_for
 
 # Each job must outlast the notice: Ray polls for drains every 5 s and the workers look for a
@@ -23,6 +23,8 @@ JOBS = {
     "xgboost": ["trainer=xgboost", "trainer.max_depth=4", *BOOSTING],
     "lightgbm": ["trainer=lightgbm", "trainer.num_leaves=15", *BOOSTING],
 }
+# The user's own loop (tests/user_project, run from a folder of its own) on the worker API.
+USER_FUNCTION = ["trainer=function", "trainer.fn=mypkg.train:main", "+trainer.steps=6600"]
 DRAIN_DEADLINE_S = 30  # what Ray gives a SIGTERMed node too (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S)
 
 
@@ -39,10 +41,10 @@ def preemptible_cluster(tmp_path_factory):
     stop_head(head.process)
 
 
-def start_job(head, tmp_path, trainer: str):
+def start_job(head, tmp_path, job: list[str], cwd=None):
     proc = start_run(tmp_path / "run", f"cluster.address={head.address}",
                      f"storage.uri={tmp_path / 'ckpt'}", "checkpoint.every_steps=500",
-                     "cluster.cpus_per_worker=1", *JOBS[trainer])
+                     "cluster.cpus_per_worker=1", *job, **({"cwd": cwd} if cwd else {}))
     rec = wait_for(lambda r: r.get("steps", 0) > 20 and len(r.get("workers", [])) == 2,
                    tmp_path / "run")
     return proc, rec
@@ -72,7 +74,7 @@ def assert_saved_at_the_notice(rec: dict, out: str) -> dict:
 def test_sigterm_to_a_node_saves_before_the_deadline_and_loses_no_step(preemptible_cluster,
                                                                        tmp_path, trainer):
     head, tmp, nodes = preemptible_cluster
-    proc, rec = start_job(head, tmp_path, trainer)
+    proc, rec = start_job(head, tmp_path, JOBS[trainer])
     node = node_of(rec["workers"][0]["pid"], nodes)
     assert node is not None and node is node_of(rec["workers"][1]["pid"], nodes)
     nodes.remove(node)
@@ -87,9 +89,12 @@ def test_sigterm_to_a_node_saves_before_the_deadline_and_loses_no_step(preemptib
 
 
 @pytest.mark.slow
-def test_ray_drain_node_with_reason_preemption_saves_at_the_notice(preemptible_cluster, tmp_path):
+def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_at_the_notice(
+        preemptible_cluster, tmp_path):
+    """The notice reaches a user's own training function (ctx.should_preempt), which saves
+    every rank's files at that step and returns; the restart loses no step."""
     head, tmp, nodes = preemptible_cluster
-    proc, rec = start_job(head, tmp_path, "ddp")
+    proc, rec = start_job(head, tmp_path, USER_FUNCTION, cwd=user_project(tmp_path))
     node_id = rec["workers"][0]["node"]
     drained = node_of(rec["workers"][0]["pid"], nodes)
     drain = subprocess.run(
@@ -107,4 +112,5 @@ def test_ray_drain_node_with_reason_preemption_saves_at_the_notice(preemptible_c
         stop_head(drained)
     notice = assert_saved_at_the_notice(rec, out)
     assert notice["nodes"] == [node_id]
+    assert rec["trainer"] == "function" and rec["metrics"]["accuracy"] > 0.9
     assert all(w["node"] != node_id for w in rec["workers"])  # the restart avoided it
