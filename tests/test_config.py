@@ -23,6 +23,7 @@ GROUP_OPTIONS = {
 )
 def test_every_option_composes_and_types(override):
     extra = {"data=parquet": ["data.path=/some/file.parquet"],
+             "storage=s3": ["storage.uri=s3://bucket/prefix"],
              "trainer=function": ["trainer.fn=tests.user_trainers:paced_ddp"]}.get(override, [])
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = to_typed(compose("config", overrides=[override, *extra]))
