@@ -23,6 +23,7 @@ from orchestrator.record import RunRecord, redact
 from orchestrator.recorder import FaultReporter, start_recorder
 from orchestrator.run_plan import make_plan
 from orchestrator.scaling import scaling_kwargs
+from orchestrator.storage_probe import check_cluster_storage
 from orchestrator.training_function import check_training
 from orchestrator.worker import WorkerSpec, train_loop_per_worker
 
@@ -52,6 +53,10 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     try:
         with RaySession(cfg.cluster, controller_env(cfg.failure.hang_timeout_s, training.backend),
                         cfg.log.ray_verbose) as session:
+            # Shared storage (orchestrator/storage_probe.py): on a joined cluster every node
+            # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
+            # the marker lets each worker check its own node, nodes joining later included.
+            storage_marker = check_cluster_storage(plan, joined=session.joined)
             if session.dashboard_url:
                 log.info("Ray dashboard: %s (%s)", session.dashboard_url,
                          session.dashboard_token_hint())
@@ -84,7 +89,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             )
             ray_trainer = DataParallelTrainer(
                 train_loop_per_worker,
-                train_loop_config={"spec": spec},
+                train_loop_config={"spec": spec, "storage_marker": storage_marker},
                 backend_config=training.backend.ray_config(cfg.failure.hang_timeout_s,
                                                            cfg.cluster.gpus_per_worker > 0),
                 scaling_config=scaling,

@@ -27,6 +27,7 @@ from orchestrator.checkpoint.store import CheckpointRef, CheckpointStore, open_s
 from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.failure_policy import WorkerError
 from orchestrator.storage import StorageSpec
+from orchestrator.storage_probe import check_worker_node
 from orchestrator.training_function import import_function
 from orchestrator.worker_api import WorkerContext
 
@@ -136,6 +137,9 @@ def train_loop_per_worker(config: dict) -> None:
     workdir = Path(tempfile.mkdtemp(prefix=f"orchestrator-rank{rank}-"))
     ctx: WorkerContext | None = None
     try:  # an exception from the training code is recorded, then re-raised
+        # Shared storage (orchestrator/storage_probe.py): this node must see the run's folder
+        # as the driver does (a node that joined after the driver's check fails here, clearly).
+        check_worker_node(config.get("storage_marker"))
         fn = import_function(spec.fn)
         start = start_point(spec, rank, RayCollective(), workdir)
         devices = [int(g) for g in ray.get_gpu_ids()]
