@@ -150,7 +150,8 @@ def train_loop_per_worker(config: dict) -> None:
     except Exception as exc:
         step = ctx._step if ctx is not None else 0
         error = WorkerError(rank, step, type(exc).__name__,
-                            (str(exc).strip().splitlines() or [""])[0][:300], traceback.format_exc())
+                            (str(exc).strip().splitlines() or [""])[0][:300], traceback.format_exc(),
+                            pid=os.getpid())
         ray.get(spec.recorder.worker_error.remote(error))
         raise
     finally:
