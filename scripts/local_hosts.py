@@ -32,6 +32,7 @@ from pathlib import Path
 PREFIX = "orh"
 ROOT_BASE = Path("/var/tmp")
 RAY = str(Path(sys.executable).with_name("ray"))
+REPO = Path(__file__).resolve().parent.parent
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
 # Node health checks of the head, in Ray's own words (RAY_<name> in the head's environment).
@@ -47,10 +48,12 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def node_env(extra: dict | None = None) -> dict:
     """`ray start --address` and drivers use token auth exactly when the head does (Ray 2.60
-    turns it on for a head when ~/.ray/auth_token exists, not for a node joining it)."""
+    turns it on for a head when ~/.ray/auth_token exists, not for a node joining it). Every
+    host runs this checkout, as every node of a real cluster has the package installed."""
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     if (Path.home() / ".ray" / "auth_token").exists():
         env["RAY_AUTH_MODE"] = "token"
     env.update(extra or {})
@@ -98,7 +101,8 @@ class LocalHosts:
 
     @property
     def shared(self) -> Path:
-        """The same directory on every host (bind-mounted from <root>/nfs)."""
+        """The same directory on every host (each bind-mounts <root>/nfs there). From this
+        machine's own namespace, reach it through host_path (<root>/nfs)."""
         return self.root / "shared"
 
     @property
@@ -110,10 +114,12 @@ class LocalHosts:
         return f"{self.head.ip}:{RAY_PORT}"
 
     def host_path(self, host: int, inside: str | Path) -> Path:
-        """Where a path seen inside a host (its /tmp, its local disk) lies on this machine."""
+        """Where a path seen inside a host (its /tmp, its local disk, the shared mount) lies
+        in this process's own namespace."""
         inside = Path(inside)
         h = self.hosts[host - 1]
-        for mount, backing in ((Path("/tmp"), h.dir / "tmp"), (self.local_disk, h.dir / "local")):
+        for mount, backing in ((Path("/tmp"), h.dir / "tmp"), (self.local_disk, h.dir / "local"),
+                               (self.shared, self.root / "nfs")):
             if inside == mount or mount in inside.parents:
                 return backing / inside.relative_to(mount)
         return inside
@@ -270,25 +276,36 @@ class LocalHosts:
         sh("ip", "netns", "exec", h.netns, "ip", "link", "set", "eth0", "down")
         h.partitioned = True
 
-    def heal(self, host: int, rejoin_wait_s: float = 20) -> str:
-        """The link comes back. A raylet the head declared dead meanwhile exits by itself
-        (Ray 2.60): then a new `ray start` joins. Returns 'rejoined' or 'restarted'."""
+    def heal(self, host: int, rejoin_wait_s: float = 60) -> str:
+        """The link comes back. A raylet the head has not declared dead carries on ('rejoined');
+        one it declared dead exits by itself (Ray 2.60), and a new `ray start` joins in its
+        place ('restarted'), as an operator or a node supervisor would do."""
         h = self.hosts[host - 1]
         sh("ip", "netns", "exec", h.netns, "ip", "link", "set", "eth0", "up")
         h.partitioned = False
         deadline = time.time() + rejoin_wait_s
         while time.time() < deadline:
-            if h.ray is None or h.ray.poll() is not None or self.node_state(h.ip) == "DEAD":
-                self.restart_ray(host)
-                return "restarted"
-            if self.node_state(h.ip) == "ALIVE" and not self._raylet_exited(h):
-                time.sleep(1)
-                continue
+            if self.node_state(h.ip) == "ALIVE" and h.ray is not None and h.ray.poll() is None:
+                return "rejoined"
+            if h.ray is None or h.ray.poll() is not None:
+                break
             time.sleep(0.5)
-        return "rejoined"
+        self.restart_ray(host)
+        return "restarted"
 
-    def _raylet_exited(self, h: Host) -> bool:
-        return h.ray is None or h.ray.poll() is not None
+    def kill_host(self, host: int) -> None:
+        """The machine dies: every process on it is SIGKILLed (its namespaces stay, so that
+        restart_ray can bring it back)."""
+        h = self.hosts[host - 1]
+        kill_namespace_processes(h.netns, spare={h.holder.pid})
+        if h.ray is not None:
+            h.ray.wait()
+            h.ray = None
+
+    def host_of(self, pid: int) -> int | None:
+        """Which host a process runs on (by its network namespace)."""
+        name = sh("ip", "netns", "identify", str(pid), check=False).stdout.strip()
+        return next((h.index for h in self.hosts if h.netns == name), None)
 
     def node_state(self, ip: str) -> str | None:
         """ALIVE / DEAD for the newest node with this address, as the head sees it."""
@@ -337,11 +354,12 @@ def remove_instance(tag: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def kill_namespace_processes(ns: str, timeout: float = 5) -> None:
-    """SIGKILL every process in a network namespace of ours, until none is left."""
+def kill_namespace_processes(ns: str, timeout: float = 5, spare: set[int] = frozenset()) -> None:
+    """SIGKILL every process in a network namespace of ours (but `spare`), until none is left."""
     deadline = time.time() + timeout
     while True:
-        pids = [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+        pids = [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()
+                if int(p) not in spare]
         if not pids:
             return
         for pid in pids:
