@@ -2,10 +2,10 @@
 
 Host i gets a network namespace with its own address (10.77.<tag>.1i on a bridge, no route
 anywhere else), its own hostname (resolving to that address), and a mount namespace with a
-private /tmp and a private "local disk" mounted at
-the same path on every host (``<root>/local``), plus a directory every host bind-mounts at
-``<root>/shared`` (what NFS or a shared volume is on a real cluster). Host 1 runs the Ray head
-(and the driver, and SeaweedFS for ``storage=s3``), the others ``ray start --address``.
+private /tmp and a private "local disk" mounted at the same path on every host
+(``<root>/local``), plus a directory every host bind-mounts at ``<root>/shared`` (what NFS or
+a shared volume is on a real cluster). Host 1 runs the Ray head (and the driver, and SeaweedFS
+for ``storage=s3``), the others ``ray start --address``.
 
     python scripts/local_hosts.py up --hosts 3     # start, print the addresses, Ctrl-C stops
     python scripts/local_hosts.py down             # remove leftovers of any instance, by name
@@ -35,11 +35,9 @@ RAY = str(Path(sys.executable).with_name("ray"))
 REPO = Path(__file__).resolve().parent.parent
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
-# Node health checks of the head, in Ray's own words (RAY_<name> in the head's environment).
-# Ray's defaults (period 3 s, timeout 10 s, 5 failures) declare a silent node dead after
-# ~65 s here; tests may shorten them: the behaviour they check does not depend on the length.
-RAY_HEALTH_DEFAULTS = {"health_check_period_ms": 3000, "health_check_timeout_ms": 10000,
-                       "health_check_failure_threshold": 5}
+# start_ray(health=...) sets the head's node health check, in Ray's own names (RAY_<name> in
+# the head's environment). Ray's defaults (health_check_period_ms=3000, _timeout_ms=10000,
+# _failure_threshold=5) declared a cut-off node dead after 63-64 s here.
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -69,6 +67,7 @@ class Host:
     dir: Path  # this host's own files: tmp/ (its /tmp), local/ (its local disk)
     holder: subprocess.Popen | None = None  # keeps the mount namespace alive
     ray: subprocess.Popen | None = None  # `ray start --block`
+    ray_log: Path | None = None  # its output
     partitioned: bool = False
 
     @property
@@ -332,6 +331,9 @@ class LocalHosts:
             self.stop_ray(h.index, timeout=10)
         if self.tag is not None:
             remove_instance(self.tag)
+        for h in self.hosts:  # killed with the namespace's other processes: reap them
+            if h.holder is not None:
+                h.holder.wait(timeout=10)
         self.hosts = []
         self.timings["down_s"] = round(time.time() - t0, 2)
 
