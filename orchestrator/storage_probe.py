@@ -21,6 +21,7 @@ import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 import ray
@@ -29,6 +30,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from orchestrator.errors import ConfigError
 from orchestrator.storage import StorageSpec, join
 from orchestrator.storage_check import _UNREACHABLE
+
+if TYPE_CHECKING:
+    from orchestrator.run_plan import RunPlan
 
 log = logging.getLogger("orchestrator")
 
@@ -102,9 +106,11 @@ def alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-def check_shared_storage(storage: StorageSpec, timeout_s: float = ANSWER_TIMEOUT_S) -> None:
+def check_shared_storage(storage: StorageSpec, timeout_s: float = ANSWER_TIMEOUT_S,
+                         shown_uri: str | None = None) -> None:
     """Raise ConfigError (exit 2) unless every alive node reads a probe the driver wrote under
-    ``storage``; the probe is removed again whatever happens. One node: nothing to compare."""
+    ``storage``; the probe is removed again whatever happens. One node: nothing to compare.
+    ``shown_uri``: the URI the message names (storage.uri, not the run's folder under it)."""
     nodes = alive_nodes()
     if len(nodes) <= 1:
         return
@@ -124,7 +130,7 @@ def check_shared_storage(storage: StorageSpec, timeout_s: float = ANSWER_TIMEOUT
             fs.delete_file(probe.path)
         except OSError as exc:
             log.warning("could not remove the storage probe %s: %s", probe.path, exc)
-    judge(storage, len(nodes), answers)
+    judge(storage, len(nodes), answers, shown_uri)
 
 
 def ask_nodes(nodes: list[dict], probe: Probe, timeout_s: float) -> dict[str, str | None]:
@@ -148,7 +154,8 @@ def ask_nodes(nodes: list[dict], probe: Probe, timeout_s: float) -> dict[str, st
     return answers
 
 
-def judge(storage: StorageSpec, count: int, answers: dict[str, str | None]) -> None:
+def judge(storage: StorageSpec, count: int, answers: dict[str, str | None],
+          shown_uri: str | None = None) -> None:
     """A pure decision over the nodes' answers: refuse if any node reads something else."""
     silent = sorted(a for a, why in answers.items() if why and why.startswith("no answer"))
     blind = {a: why for a, why in answers.items() if why and a not in silent}
@@ -161,11 +168,12 @@ def judge(storage: StorageSpec, count: int, answers: dict[str, str | None]) -> N
     if storage.is_s3 and all(why.startswith("nothing answers") for why in blind.values()):
         raise ConfigError(f"storage.endpoint={storage.endpoint!r} is not reachable from "
                           f"{len(blind)} of {count} nodes ({where}): the workers on them could "
-                          f"not checkpoint; give an address every node reaches, not 127.0.0.1")
+                          f"not checkpoint; give an address every node reaches (not a loopback one)")
     raise ConfigError(
-        f"storage.uri={storage.uri!r} is not shared by the cluster's nodes: a probe the driver "
-        f"wrote there is not seen on {len(blind)} of {count} nodes ({where}); each node would "
-        f"keep its own checkpoints and the run would start over when rank 0 moves: {INSTEAD}")
+        f"storage.uri={shown_uri or storage.uri!r} is not shared by the cluster's nodes: a "
+        f"probe the driver wrote there is not seen on {len(blind)} of {count} nodes ({where}); "
+        f"each node would keep its own checkpoints and the run would start over when rank 0 "
+        f"moves: {INSTEAD}")
 
 
 # -- nodes that join later: checked by each worker ------------------------------------------
@@ -195,14 +203,15 @@ def check_worker_node(marker: StorageMarker | None) -> None:
             f"checkpoints would be invisible to the other nodes: {INSTEAD}")
 
 
-def check_cluster_storage(plan, joined: bool) -> StorageMarker | None:
+def check_cluster_storage(plan: RunPlan, joined: bool) -> StorageMarker | None:
     """The driver's side, before any worker starts: on a joined cluster, check that every node
     sees the run's storage (ConfigError otherwise), then leave the marker workers check. A
     bucket the plan created for this run is removed again when the check refuses."""
     if not joined:
         return None  # an embedded Ray is this machine alone
     try:
-        check_shared_storage(plan.run_storage)
+        # The run's folder is storage.uri/<run.name>: the message names storage.uri.
+        check_shared_storage(plan.run_storage, shown_uri=plan.run_storage.uri.rsplit("/", 1)[0])
     except ConfigError:
         if plan.created_bucket:
             remove_created_bucket(plan.run_storage)
