@@ -262,7 +262,6 @@ def main() -> None:
         clean.wait(timeout=1800)
         reference = read(clean_dir)
     finally:
-        cluster.close()
         if args.hosts:  # the hosts' files go with them: keep the logs and records
             kept = Path(tempfile.mkdtemp(prefix="chaos-hosts-"))
             for name in ("chaos", "fault-free"):
@@ -271,6 +270,7 @@ def main() -> None:
                         (kept / src.relative_to(tmp)).parent.mkdir(parents=True, exist_ok=True)
                         shutil.copy(src, kept / src.relative_to(tmp))
             tmp = kept
+        cluster.close()
 
     value, ref = chaos.get("metrics", {}).get(metric), reference.get("metrics", {}).get(metric)
     print(json.dumps({

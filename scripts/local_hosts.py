@@ -307,9 +307,10 @@ class LocalHosts:
         return next((h.index for h in self.hosts if h.netns == name), None)
 
     def node_state(self, ip: str) -> str | None:
-        """ALIVE / DEAD for the newest node with this address, as the head sees it."""
-        nodes = [n for n in self.nodes() if n["ip"] == ip]
-        return nodes[-1]["state"] if nodes else None
+        """ALIVE if a raylet at this address is alive as the head sees it, DEAD if every one
+        that ever joined from it is dead (a host restarted before left dead ones behind)."""
+        states = {n["state"] for n in self.nodes() if n["ip"] == ip}
+        return "ALIVE" if "ALIVE" in states else ("DEAD" if states else None)
 
     def nodes(self) -> list[dict]:
         """The cluster's nodes as the head's GCS sees them (its state API, over the bridge)."""
