@@ -21,7 +21,7 @@ from orchestrator.observe.progress import ProgressWatcher, make_display
 from orchestrator.ray_session import RaySession
 from orchestrator.record import RunRecord, redact
 from orchestrator.recorder import FaultReporter, start_recorder
-from orchestrator.run_plan import make_plan
+from orchestrator.run_plan import complete_data, make_plan
 from orchestrator.scaling import scaling_kwargs
 from orchestrator.training_function import check_training
 from orchestrator.worker import WorkerSpec, train_loop_per_worker
@@ -38,8 +38,9 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     """Run one job; return its exit code (0 ok, 1 training failed, 2 bad input)."""
     try:
         cfg = to_typed(cfg_node)
-        training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True))
+        complete_data(cfg_node, cfg)
         data_cfg = OmegaConf.to_container(cfg_node.data, resolve=True)
+        training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True), data_cfg)
         plan = make_plan(cfg, training.config, data_cfg)
     except ConfigError as exc:
         return input_error(exc)

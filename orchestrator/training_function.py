@@ -62,8 +62,9 @@ def check_signature(fn: Callable, path: str) -> None:
                           "called as fn(ctx, cfg)") from None
 
 
-def check_training(trainer: Mapping[str, Any]) -> Training:
-    """The function, its backend, and its config checked against the schema it declares."""
+def check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None = None) -> Training:
+    """The function, its backend, and its config checked against the schema it declares, then
+    by its own check (which sees what the function will: {"trainer": ..., "data": ...})."""
     path = trainer.get("fn")
     if not isinstance(path, str) or not path.strip():
         raise ConfigError("trainer.fn: a value is required: the import path of your training "
@@ -74,7 +75,7 @@ def check_training(trainer: Mapping[str, Any]) -> Training:
     info = training_info(fn)
     config = validated(dict(trainer), info.config)
     if info.check is not None:
-        info.check(config)
+        info.check({"trainer": config, "data": dict(data or {})})
     return Training(path, fn, info, backend, config)
 
 

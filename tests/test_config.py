@@ -23,7 +23,9 @@ GROUP_OPTIONS = {
 )
 def test_every_option_composes_and_types(override):
     extra = {"data=parquet": ["data.path=/some/file.parquet"],
-             "trainer=function": ["trainer.fn=tests.user_trainers:paced_ddp"]}.get(override, [])
+             "trainer=function": ["trainer.fn=tests.user_trainers:paced_ddp"],
+             "data=torch": ["data.train._target_=mypkg.data.Train",
+                            "data.eval._target_=mypkg.data.Eval"]}.get(override, [])
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = to_typed(compose("config", overrides=[override, *extra]))
     group, option = override.split("=")
@@ -157,7 +159,7 @@ def test_cli_rejects_unanswered_cluster_address(tmp_path):
 def test_cli_shows_composed_config(tmp_path):
     result = run_cli(tmp_path / "run", "cluster.workers=16", flags=("--cfg", "job"), timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "workers: 16" in result.stdout and "fn: trainers.ddp.train:main" in result.stdout
+    assert "workers: 16" in result.stdout and "fn: trainers.pytorch.train:main" in result.stdout
 
 
 @pytest.mark.parametrize("trainer", ["mwms", "xgboost", "lightgbm"])

@@ -90,7 +90,7 @@ def test_a_search_with_early_stopping_stops_a_poor_trial(ray_head, tmp_path):
 
 def test_a_failing_trial_is_recorded_and_a_rerun_skips_finished_trials(ray_head, tmp_path):
     out = tmp_path / "failing"
-    args = ("trainer.fn=trainers.ddp.train.main,tests.user_trainers.fails_at_step_35",
+    args = ("trainer.fn=trainers.pytorch.train.main,tests.user_trainers.fails_at_step_35",
             "failure.max_restarts=0", "trainer.epochs=2")
     first = sweep(out, *args, address=ray_head.address)
     assert first.returncode == 1, (first.stdout + first.stderr)[-4000:]

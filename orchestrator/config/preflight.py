@@ -74,26 +74,28 @@ def check_command_line(argv: list[str], conf_dir: Path) -> int:
         checked: set[str] = set()
         for trial in trials:
             cfg = compose_one(trial)
-            to_typed(cfg)
-            check_trainer(cfg, checked)
+            check_trainer(cfg, to_typed(cfg), checked)
     return len(trials)
 
 
-def check_trainer(cfg, checked: set[str]) -> None:
-    """The training function's checks (its schema; its framework judges its parameters), once
-    per distinct trainer config, so that no trial of a sweep fails on input after others
-    started."""
+def check_trainer(cfg, typed, checked: set[str]) -> None:
+    """The training function's checks (its schema; its framework judges its parameters; a
+    trial of the user's parts), once per distinct trainer and data config, so that no trial
+    of a sweep fails on input after others started."""
     import json
 
     from omegaconf import OmegaConf
 
+    from orchestrator.run_plan import complete_data
     from orchestrator.training_function import check_training
 
+    complete_data(cfg, typed)
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
-    key = json.dumps(trainer, sort_keys=True, default=str)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    key = json.dumps([trainer, data], sort_keys=True, default=str)
     if key not in checked:
         checked.add(key)
-        check_training(trainer)
+        check_training(trainer, data)
 
 
 def sweep_trials(overrides: list[str]) -> list[list[str]]:
@@ -184,4 +186,6 @@ def _expected_type(message: str) -> str | None:
         return _TYPE_NAMES["Boolean"]
     if "Non optional field cannot be assigned None" in message:
         return "a value (not null)"
+    if re.search(r"Cannot assign \w+ to Dict", message):
+        return "a config node: set its keys (<key>._target_=..., <key>.lr=...)"
     return None

@@ -1,5 +1,5 @@
-"""Default models for the DDP trainer. Any module class or factory taking
-(in_features, num_classes, **kwargs) plugs in through trainer.model._target_."""
+"""The default model: an MLP over rows of numbers. Any nn.Module class or factory plugs in
+through trainer.model._target_, with the keyword arguments the YAML gives it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from torch import nn
 
 
 class MLP(nn.Sequential):
-    def __init__(self, in_features: int, num_classes: int, hidden=(128, 64), dropout: float = 0.0):
+    def __init__(self, in_features: int, out_features: int, hidden=(128, 64), dropout: float = 0.0):
         layers: list[nn.Module] = []
         width = in_features
         for h in hidden:
@@ -15,5 +15,5 @@ class MLP(nn.Sequential):
             if dropout:
                 layers.append(nn.Dropout(dropout))
             width = h
-        layers.append(nn.Linear(width, num_classes))
+        layers.append(nn.Linear(width, out_features))
         super().__init__(*layers)
