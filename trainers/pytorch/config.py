@@ -10,6 +10,14 @@ from orchestrator.config.schema import TrainerConfig, require
 PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
 
 
+def locate(path: str):
+    """The object at an import path. Hydra's own locator: its public get_object/get_method
+    also log an error line of their own when the path is wrong (the user gets ours)."""
+    from hydra._internal.utils import _locate
+
+    return _locate(path)
+
+
 def given(node: dict | None) -> bool:
     """An optional part is given when its node names a _target_ (``_target_: null``: the default)."""
     return bool(node) and node.get("_target_") is not None

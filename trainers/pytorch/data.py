@@ -126,8 +126,10 @@ def collate_function(node: dict | None) -> Callable:
     """data.collate_fn: a function by import path (keyword arguments bind with partial)."""
     if not node or node.get("_target_") is None:
         return default_collate
-    from hydra.utils import get_method, instantiate
+    from hydra.utils import instantiate
+
+    from trainers.pytorch.config import locate
 
     if set(node) <= {"_target_", "_partial_"}:
-        return get_method(node["_target_"])
+        return locate(node["_target_"])
     return instantiate({**node, "_partial_": True})

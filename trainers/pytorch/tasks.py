@@ -107,9 +107,9 @@ class MetricSums:
             self._add("yy", (y * y).sum() * weight)
         for name, node in self.custom.items():
             if name not in self._fns:
-                from hydra.utils import get_method
+                from trainers.pytorch.config import locate
 
-                self._fns[name] = get_method(node["_target_"])
+                self._fns[name] = locate(node["_target_"])
             self._add(name, torch.as_tensor(self._fns[name](output, target), device=self.device)
                       .double() * count * weight)
 
