@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from orchestrator.backends import Backend
+from orchestrator.backends import Backend, check_cluster
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
 from orchestrator.observe.logs import train_logging
@@ -41,6 +41,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
         complete_data(cfg_node, cfg)
         data_cfg = OmegaConf.to_container(cfg_node.data, resolve=True)
         training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True), data_cfg)
+        check_cluster(training.backend, cfg.cluster.gpus_per_worker)
         plan = make_plan(cfg, training.config, data_cfg)
     except ConfigError as exc:
         return input_error(exc)

@@ -124,7 +124,10 @@ class RunRecord:
                               key=lambda w: w["rank"])
 
     def worker_error(self, error: WorkerError) -> Verdict:
-        verdict = classify([e for group, e in self._errors if group < self._group], error)
+        # One earlier error per worker group that failed alike: ranks of one group often fail
+        # together, and a repeat is counted in attempts, not in ranks.
+        alike = {group: e for group, e in self._errors if group < self._group and e.same_failure(error)}
+        verdict = classify(list(alike.values()), error)
         self._errors.append((self._group, error))
         self.failures.append({"rank": error.rank, "step": error.step, "error": error.kind,
                               "message": error.message, "decision": verdict.reason})

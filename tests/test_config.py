@@ -128,6 +128,35 @@ def test_cli_rejects_a_training_function_it_cannot_call(tmp_path, fn, what):
     assert what in result.stderr
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.model._target_=mypkg.nope.Net"],
+     "trainer.model: building it: ImportError: Error loading 'mypkg.nope.Net'"),
+    (["data=torch", "data.train._target_=mypkg.bad_parts.RaggedItems",
+      "data.eval._target_=mypkg.bad_parts.RaggedItems", "trainer.model.in_features=1",
+      "trainer.model.out_features=2"],
+     "data.collate_fn: batching two items of data.train: RuntimeError: stack expects each tensor"),
+    (["trainer.model._target_=mypkg.bad_parts.FiveByTwo"],
+     "trainer.loss: on the model's output and the target: "),
+    (["trainer.loss._target_=mypkg.bad_parts.per_sample_loss"],
+     "trainer.loss: it gave (2,); the loss must be one number"),
+    (["cluster.gpus_per_worker=0.5"], "cluster.gpus_per_worker=0.5 is not allowed with nccl"),
+])
+def test_cli_tries_the_users_parts_before_ray_starts(tmp_path, overrides, message):
+    """One forward and backward on a tiny CPU batch, on the driver: what fails is one line
+    naming the key, within seconds."""
+    import time
+
+    from tests.conftest import user_project
+
+    started = time.time()
+    storage = tmp_path / "ckpt"
+    result = run_cli(tmp_path / "run", *overrides, f"storage.uri={storage}", timeout=120,
+                     cwd=user_project(tmp_path))
+    assert_input_error(result, message.split(":")[0], storage)
+    assert message in result.stderr, result.stderr
+    assert time.time() - started < 60
+
+
 def test_cli_rejects_missing_data_path(tmp_path):
     storage = tmp_path / "ckpt"
     result = run_cli(tmp_path / "run", f"storage.uri={storage}", "data=parquet",

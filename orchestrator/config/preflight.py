@@ -94,16 +94,17 @@ def check_trainer(cfg, typed, checked: set[str]) -> None:
 
     from omegaconf import OmegaConf
 
+    from orchestrator.backends import check_cluster
     from orchestrator.run_plan import complete_data
     from orchestrator.training_function import check_training
 
     complete_data(cfg, typed)
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
     data = OmegaConf.to_container(cfg.data, resolve=True)
-    key = json.dumps([trainer, data], sort_keys=True, default=str)
+    key = json.dumps([trainer, data, typed.cluster.gpus_per_worker], sort_keys=True, default=str)
     if key not in checked:
         checked.add(key)
-        check_training(trainer, data)
+        check_cluster(check_training(trainer, data).backend, typed.cluster.gpus_per_worker)
 
 
 def sweep_trials(overrides: list[str]) -> list[list[str]]:
