@@ -45,7 +45,11 @@ def check_model_target(cfg: Mapping[str, Any]) -> None:
                           "classification")
     target = cfg["trainer"]["model"]["_target_"]
     module = target.rpartition(".")[0]
-    if not module or find_spec(module) is None:
+    try:
+        found = bool(module) and find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        found = False
+    if not found:
         raise ConfigError(f"trainer.model._target_={target!r}: no module {module!r} to import")
 
 

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 import torch
 from hydra.utils import instantiate
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, cause_of, one_line
 from trainers.pytorch.config import given
-from trainers.pytorch.data import collate_function
+from trainers.pytorch.data import collate_function, to_device
 from trainers.pytorch.parts import (
     build_model,
     build_optimizer,
@@ -29,13 +29,8 @@ def named(key: str, doing: str = ""):
     except ConfigError:
         raise
     except Exception as exc:
-        from hydra.errors import InstantiationException
-
-        if isinstance(exc, InstantiationException) and exc.__cause__ is not None:
-            exc = exc.__cause__  # "Error in call to target ...": the cause says what
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [""]
-        text = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]  # "Error loading 'x':"
-        raise ConfigError(f"{key}: {doing}{type(exc).__name__}: {text[:240]}") from None
+        cause = cause_of(exc)
+        raise ConfigError(f"{key}: {doing}{type(cause).__name__}: {one_line(cause)[:240]}") from None
 
 
 def tiny_batch(dcfg: dict):
@@ -70,11 +65,18 @@ def check_parts(cfg: dict) -> None:
 def trial(cfg: dict) -> None:
     tcfg, dcfg = cfg["trainer"], cfg["data"]
     task = dcfg.get("task") or "classification"
-    with named("trainer.model", "building it: "):
+    if tcfg.get("backend") not in ("torch", "gloo", "nccl"):
+        raise ConfigError(f"trainer.backend={tcfg.get('backend')!r} is not allowed with this "
+                          "trainer: torch, gloo or nccl")
+    # A model meant to be too large for one worker (trainer.fsdp.meta_init) is tried on the
+    # meta device: shapes and types, no memory.
+    meta = tcfg.get("parallel") == "fsdp" and (tcfg.get("fsdp") or {}).get("meta_init")
+    device = torch.device("meta" if meta else "cpu")
+    with named("trainer.model", "building it: "), device:
         model = build_model(tcfg)
     with named("trainer.step_fn" if given(tcfg.get("step_fn")) else "trainer.loss", "building it: "):
         step = build_step(tcfg, task)
-    batch = tiny_batch(dcfg)
+    batch = to_device(tiny_batch(dcfg), device)
     if step.user_step is not None:
         with named("trainer.step_fn", "on a batch of data.train: "):
             loss, metrics = step(model, batch)
@@ -99,7 +101,7 @@ def trial(cfg: dict) -> None:
         scheduler = build_scheduler(tcfg, optimizer)
         if scheduler is not None:
             scheduler.step()
-    if step.user_step is None:
+    if step.user_step is None and not meta:
         with named("trainer.metrics", "on the model's output: "):
             sums = MetricSums(task, metric_names(tcfg, task), torch.device("cpu"))
             with torch.no_grad():

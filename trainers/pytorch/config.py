@@ -34,6 +34,10 @@ class FSDPConfig:
     blocks: list[str] = field(default_factory=list)
     reshard_after_forward: bool = True  # free gathered parameters after forward (less memory)
     cpu_offload: bool = False  # keep parameters and optimizer state in CPU memory (GPU runs)
+    # Build the model on the meta device, shard it, then initialise only this rank's shards
+    # (every module's reset_parameters(), seeded per rank): for models that do not fit one
+    # worker whole. Parameters a module creates without reset_parameters are not initialised.
+    meta_init: bool = False
 
 
 @dataclass

@@ -11,8 +11,9 @@ DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
 
 class Precision:
-    def __init__(self, mode: str, device: torch.device):
-        self.dtype = DTYPES.get(mode)
+    def __init__(self, mode: str, device: torch.device, autocast: bool = True):
+        # FSDP casts by its own mixed-precision policy (trainers/pytorch/parallel.py) instead.
+        self.dtype = DTYPES.get(mode) if autocast else None
         self.device_type = device.type
         self.scaler = torch.amp.GradScaler(device.type, enabled=mode == "fp16-mixed")
 

@@ -30,7 +30,7 @@ from trainers.pytorch.data import (
     tabular,
     to_device,
 )
-from trainers.pytorch.parallel import no_sync, parallelize
+from trainers.pytorch.parallel import materialize, no_sync, parallelize
 from trainers.pytorch.parts import (
     Step,
     build_model,
@@ -69,13 +69,18 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     device = ray.train.torch.get_device()
     torch.manual_seed(ctx.seed)  # the same initial weights on every rank and every attempt
     train_set, eval_set, collate = datasets(ctx, dcfg)
-    module = build_model(tcfg).to(device)
-    model = parallelize(module, tcfg, ctx.world_size, device)
+    sharded = tcfg["parallel"] == "fsdp"
+    meta = sharded and (tcfg.get("fsdp") or {}).get("meta_init")
+    with torch.device("meta") if meta else nullcontext():
+        module = build_model(tcfg)
+    model = parallelize(module if meta else module.to(device), tcfg, ctx.world_size, device)
+    if meta:
+        materialize(module, device, ctx.seed * 100_003 + ctx.rank)
     step_fn = build_step(tcfg, task)
-    optimizer = build_optimizer(tcfg, module.parameters())
+    optimizer = build_optimizer(tcfg, module.parameters())  # FSDP: this rank's shards
     scheduler = build_scheduler(tcfg, optimizer)
-    precision = Precision(tcfg["precision"], device)
-    state = TrainingState(module, optimizer, scheduler, precision, ctx.rank)
+    precision = Precision(tcfg["precision"], device, autocast=not sharded)
+    state = TrainingState(module, optimizer, scheduler, precision, ctx.rank, sharded)
     if (path := ctx.restore()) is not None:
         state.load(path, device)
 
