@@ -157,3 +157,21 @@ def test_arguments_parse(argv):
     args = bench.parser().parse_args(argv)
     assert args.name == argv[0] and isinstance(args, Namespace)
 
+
+
+def test_fsdp_figures():
+    from scripts.benchmarks import fsdp_checkpoint, fsdp_memory
+
+    peak = {"baseline@2": 500, "ddp@2": 2500, "fsdp@2": 1500,
+            "baseline@4": 500, "ddp@4": 2500, "fsdp@4": 1000}
+    figs = fsdp_memory.summarize({k: {"worker_max_mib": v} for k, v in peak.items()})["figures"]
+    assert figs["peak_rss_fsdp_vs_ddp_at_2"] == {"value": 0.6, "goal": "<= 0.6", "met": True}
+    assert figs["above_baseline_fsdp_vs_ddp_at_4"]["value"] == 0.25
+    ckpt = {"bytes": 1 << 30, "save_s": 0.5, "upload_s": 8.0}
+    out = fsdp_checkpoint.summarize(
+        {"async": {"checkpoints": [ckpt]}, "sync": {"checkpoints": [ckpt]}},
+        {"bytes": 1 << 30, "seconds": 7.2, "shard_bytes_by_rank": {0: 1 << 29, 1: 1 << 29}},
+        [{"rank": 0, "added_mib": 60.0, "shard_mib": 600.0}])["figures"]
+    assert out["blocked_async_vs_sync"]["value"] == round(0.5 / 8.5, 3)
+    assert out["upload_vs_raw_pyarrow"]["value"] == 0.9
+    assert out["memory_added_vs_shard"] == {"value": 0.1, "goal": "<= 1.2", "met": True}
