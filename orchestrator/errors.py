@@ -10,6 +10,21 @@ class ConfigError(ValueError):
     exit_code = 2
 
 
+def cause_of(exc: BaseException) -> BaseException:
+    """Hydra's instantiate wraps what the user's code raised ("Error in call to target
+    'x':"): the cause is what the user must read."""
+    if type(exc).__name__ == "InstantiationException" and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message in one line: its first line, and the next one when the first
+    only announces it ("Error loading 'x':")."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+    return " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
 class TrainingFailed(RuntimeError):
     """Training failed after its restarts were used up: exit 1."""
 

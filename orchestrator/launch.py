@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from orchestrator.backends import Backend
+from orchestrator.backends import Backend, check_cluster
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
 from orchestrator.observe.logs import train_logging
@@ -21,7 +21,7 @@ from orchestrator.observe.progress import ProgressWatcher, make_display
 from orchestrator.ray_session import RaySession
 from orchestrator.record import RunRecord, redact
 from orchestrator.recorder import FaultReporter, start_recorder
-from orchestrator.run_plan import make_plan
+from orchestrator.run_plan import complete_data, make_plan
 from orchestrator.scaling import elastic_controller_env, scaling_kwargs
 from orchestrator.storage_probe import check_cluster_storage
 from orchestrator.training_function import check_training
@@ -39,8 +39,10 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     """Run one job; return its exit code (0 ok, 1 training failed, 2 bad input)."""
     try:
         cfg = to_typed(cfg_node)
-        training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True))
+        complete_data(cfg_node, cfg)
         data_cfg = OmegaConf.to_container(cfg_node.data, resolve=True)
+        training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True), data_cfg)
+        check_cluster(training.backend, cfg.cluster.gpus_per_worker)
         plan = make_plan(cfg, training.config, data_cfg)
     except ConfigError as exc:
         return input_error(exc)

@@ -107,9 +107,9 @@ class RaySession:
             # finds no controller and removes our workers' placement group (a restart with no
             # error). RAY_ADDRESS in every process of the job pins it to this cluster.
             quiet["runtime_env"]["env_vars"] = {**self.env_vars, "RAY_ADDRESS": address}
-            context = ray.init(address=address, **quiet)
+            context = self.start(address=address, **quiet)
         else:
-            context = ray.init(
+            context = self.start(
                 address="local",  # a new instance, even if a stale `ray start` left its address
                 num_cpus=c.num_cpus or os.cpu_count(),
                 include_dashboard=c.dashboard,
@@ -121,6 +121,19 @@ class RaySession:
         if url:
             self.dashboard_url = url if "://" in url else f"http://{url}"
         return self
+
+    def start(self, **kwargs):
+        """ray.init, whose own failures (seen: the dashboard's packages missing on a machine)
+        are tracebacks of many lines: one line instead, exit code 2."""
+        try:
+            return ray.init(**kwargs)
+        except Exception as exc:
+            text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:200]
+            hint = ""
+            if kwargs.get("include_dashboard"):
+                hint = ("; the dashboard needs ray[default]'s packages: install them, or set "
+                        "cluster.dashboard=false")
+            raise ConfigError(f"cluster: Ray did not start ({type(exc).__name__}: {text}){hint}") from None
 
     def __exit__(self, *exc) -> None:
         if not self.reused:

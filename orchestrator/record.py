@@ -126,11 +126,13 @@ class RunRecord:
         self._group_of_pid[pid] = self._group
 
     def worker_error(self, error: WorkerError) -> Verdict:
-        # A report can arrive late: a worker cut off by a partition tells of its failure when
-        # the link comes back, after its group was replaced. It is compared with the groups
-        # before its own, not before the current one (it is not a repeat of its peers' error).
+        # One earlier error per worker group that failed alike: ranks of one group often fail
+        # together, and a repeat is counted in attempts, not in ranks. A report can arrive
+        # late: a worker cut off by a partition tells of its failure when the link comes back,
+        # after its group was replaced; it is compared with the groups before its own.
         group = self._group_of_pid.get(error.pid, self._group)
-        verdict = classify([e for g, e in self._errors if g < group], error)
+        alike = {g: e for g, e in self._errors if g < group and e.same_failure(error)}
+        verdict = classify(list(alike.values()), error)
         self._errors.append((group, error))
         self.failures.append({"rank": error.rank, "step": error.step, "error": error.kind,
                               "message": error.message, "decision": verdict.reason})

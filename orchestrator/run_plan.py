@@ -8,9 +8,11 @@ import json
 import time
 from dataclasses import dataclass
 
+from omegaconf import DictConfig, OmegaConf, open_dict
+
 from orchestrator.checkpoint.store import CheckpointStore, open_source
-from orchestrator.config.schema import Config
-from orchestrator.data.datasets import check_parquet
+from orchestrator.config.schema import Config, DataConfig
+from orchestrator.data.datasets import check_parquet, data_facts
 from orchestrator.errors import ConfigError
 from orchestrator.storage import Credentials, StorageSpec, absolute
 from orchestrator.storage_check import check_storage, create_bucket
@@ -32,9 +34,28 @@ def derive_run_name(trainer: dict, data: dict, seed: int) -> str:
     return f"{trainer.get('name', 'run')}-{data.get('name', 'data')}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
+def storage_spec(cfg: Config) -> StorageSpec:
+    return StorageSpec(absolute(cfg.storage.uri), cfg.storage.endpoint, cfg.storage.region,
+                       Credentials.from_env(), cfg.storage.create_bucket)
+
+
+def complete_data(cfg_node: DictConfig, cfg: Config) -> None:
+    """Fill in data.features, data.outputs and data.task where the config leaves them null,
+    from the data itself (a parquet file's schema and label column), so that the trainer's
+    interpolations (trainer.model.in_features: ${data.features}) resolve to the real shape."""
+    data: DataConfig = cfg.data
+    if data.name == "torch" or None not in (data.features, data.outputs, data.task):
+        return
+    facts = data_facts(data, storage_spec(cfg))
+    with open_dict(cfg_node.data):
+        for key in ("features", "outputs", "task"):
+            if OmegaConf.select(cfg_node, f"data.{key}") is None:
+                cfg_node.data[key] = getattr(facts, key)
+                setattr(data, key, getattr(facts, key))
+
+
 def make_plan(cfg: Config, trainer: dict, data: dict) -> RunPlan:
-    storage = StorageSpec(absolute(cfg.storage.uri), cfg.storage.endpoint, cfg.storage.region,
-                          Credentials.from_env(), cfg.storage.create_bucket)
+    storage = storage_spec(cfg)
     bucket_missing = check_storage(storage)
     name = cfg.run.name or derive_run_name(trainer, data, cfg.seed)
     if cfg.run.name is None and cfg.resume == "never":

@@ -6,14 +6,14 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from typing import Any
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.backends import Backend, backend_named
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 from orchestrator.worker_api import TrainingInfo, training_info
 
 
@@ -62,8 +62,9 @@ def check_signature(fn: Callable, path: str) -> None:
                           "called as fn(ctx, cfg)") from None
 
 
-def check_training(trainer: Mapping[str, Any]) -> Training:
-    """The function, its backend, and its config checked against the schema it declares."""
+def check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None = None) -> Training:
+    """The function, its backend, and its config checked against the schema it declares, then
+    by its own check (which sees what the function will: {"trainer": ..., "data": ...})."""
     path = trainer.get("fn")
     if not isinstance(path, str) or not path.strip():
         raise ConfigError("trainer.fn: a value is required: the import path of your training "
@@ -74,19 +75,27 @@ def check_training(trainer: Mapping[str, Any]) -> Training:
     info = training_info(fn)
     config = validated(dict(trainer), info.config)
     if info.check is not None:
-        info.check(config)
+        info.check({"trainer": config, "data": dict(data or {})})
     return Training(path, fn, info, backend, config)
 
 
 def validated(trainer: dict, schema: type | None) -> dict:
-    """Merge into the schema (types, unknown keys, defaults), build it (its __post_init__
-    checks across fields), and return the merged keys as a plain dict."""
+    """Set the given keys on the schema (types, unknown keys; defaults for the keys not
+    given), build it (its __post_init__ checks across fields), and return it as a plain dict.
+    Set, not merged: a node the user gave (trainer.model) is theirs as given, a key they
+    deleted (~trainer.model.hidden) does not come back from the schema's default."""
     if schema is None:
         return trainer
     from orchestrator.config.preflight import composition_error
 
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), trainer)
+        merged = OmegaConf.structured(schema)
+        for key, value in trainer.items():
+            node = merged._get_node(key) if key in merged else None
+            if node is not None and is_dataclass(OmegaConf.get_type(node)):
+                merged[key] = OmegaConf.merge(node, value)  # a typed section: its defaults stay
+            else:
+                merged[key] = value
         OmegaConf.to_object(merged)
     except ConfigError:
         raise
@@ -99,5 +108,4 @@ def validated(trainer: dict, schema: type | None) -> dict:
 
 
 def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
+    return one_line(exc)[:200]

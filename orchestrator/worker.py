@@ -25,6 +25,7 @@ import ray.train.collective
 
 from orchestrator.checkpoint.store import CheckpointRef, CheckpointStore, open_source
 from orchestrator.config.schema import CheckpointConfig, DataConfig
+from orchestrator.errors import cause_of, one_line
 from orchestrator.failure_policy import WorkerError
 from orchestrator.storage import StorageSpec
 from orchestrator.storage_probe import check_worker_node
@@ -149,9 +150,9 @@ def train_loop_per_worker(config: dict) -> None:
         metrics = final_metrics(result)
     except Exception as exc:
         step = ctx._step if ctx is not None else 0
-        error = WorkerError(rank, step, type(exc).__name__,
-                            (str(exc).strip().splitlines() or [""])[0][:300], traceback.format_exc(),
-                            pid=os.getpid())
+        cause = cause_of(exc)
+        error = WorkerError(rank, step, type(cause).__name__, one_line(cause)[:300],
+                            traceback.format_exc(), pid=os.getpid())
         ray.get(spec.recorder.worker_error.remote(error))
         raise
     finally:

@@ -57,15 +57,17 @@ log = logging.getLogger("orchestrator.worker")
 @dataclass(frozen=True)
 class TrainingInfo:
     config: type | None = None  # a dataclass schema for cfg["trainer"], checked before Ray starts
-    check: Callable[[dict], None] | None = None  # more checks on cfg["trainer"] (raise ConfigError)
+    check: Callable[[dict], None] | None = None  # more checks on cfg (raise ConfigError)
     step_unit: str = "step"  # what the progress display counts ("round" for boosting)
 
 
 def training_function(config: type | None = None, check: Callable[[dict], None] | None = None,
                       step_unit: str = "step"):
     """Optional decorator: the schema your ``trainer`` keys must fit (a dataclass whose
-    ``__post_init__`` may raise ConfigError), extra checks, and the unit of a step. Bad input
-    then stops the command with one line and exit code 2, before any worker starts."""
+    ``__post_init__`` may raise ConfigError), extra checks ``check(cfg)`` on what the function
+    will get (``{"trainer": ..., "data": ...}``: try your parts on a tiny batch, say), and the
+    unit of a step. Bad input then stops the command with one line and exit code 2, before
+    any worker starts."""
 
     def mark(fn):
         fn.__training_info__ = TrainingInfo(config, check, step_unit)

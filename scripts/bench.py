@@ -9,6 +9,9 @@ Benchmarks (scripts/benchmarks/*.py; baselines in scripts/baselines/, each runna
   recovery        a worker kill to the next finished step, vs a cold start of the same job
   boosting        orchestrated XGBoost/LightGBM on 2 workers vs single-process train()
   memory          peak RSS of the driver and each worker, default job vs plain Ray Train
+  lm_throughput   the LM example's tokens/s on 1 worker vs a plain single-process torch loop
+  fsdp_memory     peak RSS per worker, FSDP vs DDP, 2 and 4 workers, ~101M-parameter transformer
+  fsdp_checkpoint a ~1.2 GiB sharded checkpoint to S3: async vs sync blocking, upload rate, memory
 
 Every comparison runs its sides in the same run, interleaved (A B, then B A, ...), and reports
 ratios of medians: the machine is shared and noisy, absolute times mean little. The load
@@ -34,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.benchmarks.common import loadavg, progress  # noqa: E402
 from scripts.benchmarks.report import markdown  # noqa: E402
 
-BENCHMARKS = ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory")
+BENCHMARKS = ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory", "lm_throughput",
+              "fsdp_memory", "fsdp_checkpoint")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,6 +68,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--boost-frameworks", default="xgboost,lightgbm")
     g.add_argument("--boost-repeats", type=int, default=1,
                    help="repeats for boosting (its 1M-row runs are the longest)")
+    g.add_argument("--lm-steps", type=int, default=300)
+    g.add_argument("--lm-threads", type=int, default=2, help="both sides' torch threads")
+    g.add_argument("--fsdp-steps", type=int, default=3,
+                   help="steps of the ~101M-parameter runs (checkpoints: every N of 2N steps)")
     return p
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from trainers.ddp.train import main as ddp_main
+from trainers.pytorch.train import main as ddp_main
 
 PACE_S = 0.008
 

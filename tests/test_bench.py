@@ -9,7 +9,14 @@ from argparse import Namespace
 
 import pytest
 
-from scripts.benchmarks import boosting, ddp_throughput, fixed_cost, memory, recovery
+from scripts.benchmarks import (
+    boosting,
+    ddp_throughput,
+    fixed_cost,
+    lm_throughput,
+    memory,
+    recovery,
+)
 from scripts.benchmarks.common import REPO, Goal, median, order_for, paired_ratios, ratio
 from scripts.benchmarks.proctree import cpu_between, kind_of, summarize_peaks, title_of
 from scripts.benchmarks.report import figure_rows, markdown
@@ -19,7 +26,8 @@ def test_help_lists_every_benchmark():
     out = subprocess.run([sys.executable, "scripts/bench.py", "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
-    for name in ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory", "all"):
+    for name in ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory",
+                 "lm_throughput", "all"):
         assert name in out.stdout
 
 
@@ -45,6 +53,14 @@ def test_ddp_throughput_ratios_come_from_medians():
     assert out["figures"]["vs_ray_train"] == {"value": 0.95, "goal": ">= 0.97", "met": False}
     assert out["figures"]["vs_torchrun"]["value"] == 0.76
     assert out["paired_vs_ray_train"] == [0.9, 1.0, 0.95]
+
+
+def test_lm_throughput_against_a_plain_loop():
+    runs = {"orchestrator": [{"steady_tokens_per_s": v} for v in (900, 950, 1000)],
+            "plain_torch": [{"steady_tokens_per_s": v} for v in (1000, 1000, 1000)]}
+    out = lm_throughput.summarize(Namespace(lm_steps=300, lm_threads=2), runs)
+    assert out["figures"]["vs_plain_torch"] == {"value": 0.95, "goal": ">= 0.9", "met": True}
+    assert out["paired_vs_plain_torch"] == [0.9, 0.95, 1.0]
 
 
 def test_cpu_seconds_in_a_window_are_interpolated():
@@ -141,3 +157,21 @@ def test_arguments_parse(argv):
     args = bench.parser().parse_args(argv)
     assert args.name == argv[0] and isinstance(args, Namespace)
 
+
+
+def test_fsdp_figures():
+    from scripts.benchmarks import fsdp_checkpoint, fsdp_memory
+
+    peak = {"baseline@2": 500, "ddp@2": 2500, "fsdp@2": 1500,
+            "baseline@4": 500, "ddp@4": 2500, "fsdp@4": 1000}
+    figs = fsdp_memory.summarize({k: {"worker_max_mib": v} for k, v in peak.items()})["figures"]
+    assert figs["peak_rss_fsdp_vs_ddp_at_2"] == {"value": 0.6, "goal": "<= 0.6", "met": True}
+    assert figs["above_baseline_fsdp_vs_ddp_at_4"]["value"] == 0.25
+    ckpt = {"bytes": 1 << 30, "save_s": 0.5, "upload_s": 8.0}
+    out = fsdp_checkpoint.summarize(
+        {"async": {"checkpoints": [ckpt]}, "sync": {"checkpoints": [ckpt]}},
+        {"bytes": 1 << 30, "seconds": 7.2, "shard_bytes_by_rank": {0: 1 << 29, 1: 1 << 29}},
+        [{"rank": 0, "added_mib": 60.0, "shard_mib": 600.0}])["figures"]
+    assert out["blocked_async_vs_sync"]["value"] == round(0.5 / 8.5, 3)
+    assert out["upload_vs_raw_pyarrow"]["value"] == 0.9
+    assert out["memory_added_vs_shard"] == {"value": 0.1, "goal": "<= 1.2", "met": True}

@@ -24,7 +24,9 @@ GROUP_OPTIONS = {
 def test_every_option_composes_and_types(override):
     extra = {"data=parquet": ["data.path=/some/file.parquet"],
              "storage=s3": ["storage.uri=s3://bucket/prefix"],
-             "trainer=function": ["trainer.fn=tests.user_trainers:paced_ddp"]}.get(override, [])
+             "trainer=function": ["trainer.fn=tests.user_trainers:paced_ddp"],
+             "data=torch": ["data.train._target_=mypkg.data.Train",
+                            "data.eval._target_=mypkg.data.Eval"]}.get(override, [])
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = to_typed(compose("config", overrides=[override, *extra]))
     group, option = override.split("=")
@@ -127,6 +129,35 @@ def test_cli_rejects_a_training_function_it_cannot_call(tmp_path, fn, what):
     assert what in result.stderr
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.model._target_=mypkg.nope.Net"],
+     "trainer.model: building it: ImportError: Error loading 'mypkg.nope.Net'"),
+    (["data=torch", "data.train._target_=mypkg.bad_parts.RaggedItems",
+      "data.eval._target_=mypkg.bad_parts.RaggedItems", "trainer.model.in_features=1",
+      "trainer.model.out_features=2"],
+     "data.collate_fn: batching two items of data.train: RuntimeError: stack expects each tensor"),
+    (["trainer.model._target_=mypkg.bad_parts.FiveByTwo"],
+     "trainer.loss: on the model's output and the target: "),
+    (["trainer.loss._target_=mypkg.bad_parts.per_sample_loss"],
+     "trainer.loss: it gave (2,); the loss must be one number"),
+    (["cluster.gpus_per_worker=0.5"], "cluster.gpus_per_worker=0.5 is not allowed with nccl"),
+])
+def test_cli_tries_the_users_parts_before_ray_starts(tmp_path, overrides, message):
+    """One forward and backward on a tiny CPU batch, on the driver: what fails is one line
+    naming the key, within seconds."""
+    import time
+
+    from tests.conftest import user_project
+
+    started = time.time()
+    storage = tmp_path / "ckpt"
+    result = run_cli(tmp_path / "run", *overrides, f"storage.uri={storage}", timeout=120,
+                     cwd=user_project(tmp_path))
+    assert_input_error(result, message.split(":")[0], storage)
+    assert message in result.stderr, result.stderr
+    assert time.time() - started < 60
+
+
 def test_cli_rejects_missing_data_path(tmp_path):
     storage = tmp_path / "ckpt"
     result = run_cli(tmp_path / "run", f"storage.uri={storage}", "data=parquet",
@@ -158,7 +189,7 @@ def test_cli_rejects_unanswered_cluster_address(tmp_path):
 def test_cli_shows_composed_config(tmp_path):
     result = run_cli(tmp_path / "run", "cluster.workers=16", flags=("--cfg", "job"), timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "workers: 16" in result.stdout and "fn: trainers.ddp.train:main" in result.stdout
+    assert "workers: 16" in result.stdout and "fn: trainers.pytorch.train:main" in result.stdout
 
 
 @pytest.mark.parametrize("trainer", ["mwms", "xgboost", "lightgbm"])

@@ -8,6 +8,8 @@ import signal
 
 import pytest
 
+from orchestrator.checkpoint.store import CheckpointStore
+from orchestrator.storage import StorageSpec
 from scripts.local_cluster import node_of
 from tests.conftest import add_node, run_cli, start_head, stop_head
 from tests.test_faults import read_record, start_run, wait_for
@@ -32,13 +34,15 @@ def nodes_up(head, tmp, nodes: list, count: int = 2) -> None:
 
 
 @pytest.mark.slow
-def test_losing_a_node_shrinks_the_job_and_new_room_grows_it_back(two_node_cluster, tmp_path):
+def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node_cluster, tmp_path):
+    """FSDP: the state sharded 4 ways is resharded 2 ways from the newest checkpoint (DCP),
+    then 4 ways again; the global batch, hence the result, does not depend on the sizes."""
     head, tmp, nodes = two_node_cluster
     nodes_up(head, tmp, nodes)
     # 6600 steps of at least 8 ms: after the shrink, a minute or more for the new node to
     # join and the job to grow back (at full speed the 2 workers finished first).
     common = [f"cluster.address={head.address}", "cluster.workers=4", "cluster.cpus_per_worker=1",
-              "trainer.epochs=300", "checkpoint.every_steps=200",
+              "trainer=fsdp", "trainer.epochs=300", "checkpoint.every_steps=200", "checkpoint.keep=0",
               "trainer.fn=tests.user_trainers:paced_ddp"]
     proc = start_run(tmp_path / "elastic", *common, f"storage.uri={tmp_path / 'ckpt'}",
                      "cluster.min_workers=2", "cluster.resize_check_s=5", "run.name=elastic")
@@ -53,6 +57,9 @@ def test_losing_a_node_shrinks_the_job_and_new_room_grows_it_back(two_node_clust
     sizes = [w["size"] for w in rec["world_sizes"]]
     assert sizes[0] == 4 and 2 in sizes and sizes[-1] == 4 and sizes.index(2) < len(sizes) - 1, sizes
     assert min(sizes) >= 2  # never below cluster.min_workers
+    store = CheckpointStore(StorageSpec(rec["checkpoint_uri"]))
+    shrunk = rec["world_sizes"][sizes.index(2)]["step"]  # resumed from a 4-way sharded checkpoint
+    assert shrunk > 0 and store.read_manifest(store.ref(shrunk))["world_size"] == 4
 
     # The same job at a fixed size of 4: the global batch and data order did not change with
     # the world size, so the result is the same within 1%.

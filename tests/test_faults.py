@@ -49,8 +49,8 @@ def read_record(run_dir) -> dict:
         return {}
 
 
-def start_run(run_dir, *overrides, cwd=REPO) -> subprocess.Popen:
-    return subprocess.Popen(cli_command(run_dir, *overrides), cwd=cwd, env=cli_env(),
+def start_run(run_dir, *overrides, cwd=REPO, env=None) -> subprocess.Popen:
+    return subprocess.Popen(cli_command(run_dir, *overrides), cwd=cwd, env=cli_env(env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

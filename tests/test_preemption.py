@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 
+from orchestrator.checkpoint.store import CheckpointStore
+from orchestrator.storage import StorageSpec
 from scripts.local_cluster import RAY, node_env, node_of
 from tests.conftest import add_node, start_head, stop_head, user_project
 from tests.test_faults import read_record, start_run, wait_for
@@ -18,7 +20,9 @@ from tests.test_faults import read_record, start_run, wait_for
 # ~6 s; these jobs have 30 s or more of steps left when the node is preempted.
 BOOSTING = ["data=synthetic", "data.rows=50000", "trainer.num_boost_round=1200"]
 JOBS = {
-    "ddp": ["trainer=ddp", "trainer.epochs=300"],
+    # The PyTorch trainer with its state sharded (every rank writes its own shard at the
+    # notice); DDP's replicated state is the user's own loop of the drain test below.
+    "fsdp": ["trainer=fsdp", "trainer.epochs=300"],
     "mwms": ["trainer=mwms", "trainer.epochs=150"],
     "xgboost": ["trainer=xgboost", "trainer.max_depth=4", *BOOSTING],
     "lightgbm": ["trainer=lightgbm", "trainer.num_leaves=15", *BOOSTING],
@@ -44,6 +48,7 @@ def preemptible_cluster(tmp_path_factory):
 def start_job(head, tmp_path, job: list[str], cwd=None):
     proc = start_run(tmp_path / "run", f"cluster.address={head.address}",
                      f"storage.uri={tmp_path / 'ckpt'}", "checkpoint.every_steps=500",
+                     "checkpoint.keep=0",
                      "cluster.cpus_per_worker=1", *job, **({"cwd": cwd} if cwd else {}))
     rec = wait_for(lambda r: r.get("steps", 0) > 20 and len(r.get("workers", [])) == 2,
                    tmp_path / "run")
@@ -86,6 +91,10 @@ def test_sigterm_to_a_node_saves_before_the_deadline_and_loses_no_step(preemptib
         stop_head(node)
     notice = assert_saved_at_the_notice(rec, out)
     assert notice["step"] < rec["steps"]  # the notice came in the middle of the run
+    if trainer == "fsdp":  # both ranks' shards are in the checkpoint taken at the notice
+        store = CheckpointStore(StorageSpec(rec["checkpoint_uri"]))
+        files = store.read_manifest(store.ref(notice["step"]))["files"]
+        assert {e["rank"] for n, e in files.items() if n.endswith(".distcp")} == {0, 1}, files
 
 
 @pytest.mark.slow

@@ -76,3 +76,38 @@ def test_ranks_failing_alike_in_one_group_are_not_a_repeat():
     for rank in (0, 1):
         rec.worker_started(rank, 200 + rank, "node")  # the next group
     assert rec.worker_error(same[0]).permanent and rec.permanent_error.startswith("worker rank 1")
+
+
+def test_a_repeat_is_counted_in_attempts_not_in_ranks():
+    """Two attempts whose two ranks each failed alike: "2 times", not 3 (measured on a GPU:
+    both ranks of each attempt raised the same NCCL error)."""
+    from orchestrator.failure_policy import WorkerError
+
+    rec = RunRecord("r", "ddp", {}, "/ck")
+    for attempt in (1, 2):
+        for rank in (0, 1):
+            rec.worker_started(rank, 100 * attempt + rank, "node")
+        verdicts = [rec.worker_error(WorkerError(rank, 0, "DistBackendError",
+                                                 "Duplicate GPU detected", "tb")) for rank in (0, 1)]
+    assert verdicts[0].permanent
+    assert "happened 2 times in a row of restarts" in verdicts[0].reason, verdicts[0].reason
+
+
+def test_a_ray_that_does_not_start_is_one_line(monkeypatch):
+    import ray
+
+    from orchestrator.config.schema import ClusterConfig
+    from orchestrator.errors import ConfigError
+    from orchestrator.ray_session import RaySession
+
+    def broken(**kwargs):
+        raise RuntimeError("Failed to start the dashboard\nTraceback (most recent call last):\n...")
+
+    monkeypatch.setattr(ray, "init", broken)
+    try:
+        RaySession(ClusterConfig(dashboard_port=0)).__enter__()
+    except ConfigError as exc:
+        message = str(exc)
+    assert message == ("cluster: Ray did not start (RuntimeError: Failed to start the dashboard); "
+                       "the dashboard needs ray[default]'s packages: install them, or set "
+                       "cluster.dashboard=false"), message

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,12 @@ from tests.conftest import REPO, cli_env
 pytestmark = pytest.mark.slow
 
 
-def sweep(sweep_dir: Path, *overrides: str, address: str, timeout: float = 900):
-    cmd = [str(REPO / ".venv/bin/python") if (REPO / ".venv/bin/python").exists() else "python",
-           "-m", "orchestrator", "--multirun", f"hydra.sweep.dir={sweep_dir}",
-           f"cluster.address={address}", f"storage.uri={sweep_dir.parent / 'ckpt'}", *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True,
+def sweep(sweep_dir: Path, *overrides: str, address: str, timeout: float = 900,
+          flags: tuple[str, ...] = (), cwd: Path = REPO):
+    cmd = [sys.executable, "-m", "orchestrator", "--multirun", *flags,
+           f"hydra.sweep.dir={sweep_dir}", f"cluster.address={address}",
+           f"storage.uri={sweep_dir.parent / 'ckpt'}", *overrides]
+    proc = subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True,
                           timeout=timeout)
     return proc
 
@@ -90,7 +92,7 @@ def test_a_search_with_early_stopping_stops_a_poor_trial(ray_head, tmp_path):
 
 def test_a_failing_trial_is_recorded_and_a_rerun_skips_finished_trials(ray_head, tmp_path):
     out = tmp_path / "failing"
-    args = ("trainer.fn=trainers.ddp.train.main,tests.user_trainers.fails_at_step_35",
+    args = ("trainer.fn=trainers.pytorch.train.main,tests.user_trainers.fails_at_step_35",
             "failure.max_restarts=0", "trainer.epochs=2")
     first = sweep(out, *args, address=ray_head.address)
     assert first.returncode == 1, (first.stdout + first.stderr)[-4000:]

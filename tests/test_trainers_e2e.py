@@ -48,7 +48,7 @@ def single_process_accuracy(trainer: str, rounds: int) -> float:
     from omegaconf import OmegaConf
 
     config = OmegaConf.to_container(OmegaConf.load(f"conf/trainer/{trainer}.yaml"))
-    config.pop("defaults")
+    config.pop("defaults", None)
     if trainer == "xgboost":
         import xgboost as xgb
 

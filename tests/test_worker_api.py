@@ -144,9 +144,9 @@ def test_a_training_function_that_cannot_be_called_is_refused(fn, message):
 @pytest.mark.parametrize("trainer, message", [
     ({"backend": "torch"}, "trainer.fn: a value is required"),
     ({"fn": "tests.user_trainers:paced_ddp", "backend": "mpi"}, "trainer.backend='mpi' is not allowed: one of torch"),
-    ({"fn": "trainers.ddp.train:main", "lr": -1.0}, "trainer.lr=-1.0 is not allowed: a number > 0"),
-    ({"fn": "trainers.ddp.train:main", "lr": "fast"}, "trainer.lr='fast' is not allowed: a number"),
-    ({"fn": "trainers.ddp.train:main", "colour": 1}, "trainer.colour: unknown key"),
+    ({"fn": "trainers.pytorch.train:main", "lr": -1.0}, "trainer.lr=-1.0 is not allowed: a number > 0"),
+    ({"fn": "trainers.pytorch.train:main", "lr": "fast"}, "trainer.lr='fast' is not allowed: a number"),
+    ({"fn": "trainers.pytorch.train:main", "colour": 1}, "trainer.colour: unknown key"),
 ])
 def test_a_trainer_config_is_checked_against_the_schema_its_function_declares(trainer, message):
     with pytest.raises(ConfigError) as err:
@@ -155,8 +155,10 @@ def test_a_trainer_config_is_checked_against_the_schema_its_function_declares(tr
 
 
 def test_the_schemas_defaults_fill_in_and_a_plain_function_keeps_its_own_keys():
-    ddp = check_training({"fn": "trainers.ddp.train:main", "lr": 0.5})
-    assert ddp.config["lr"] == 0.5 and ddp.config["weight_decay"] == 0.0
+    model = {"_target_": "trainers.pytorch.models.MLP", "in_features": 64, "out_features": 10}
+    digits = {"name": "digits", "task": "classification", "features": 64, "outputs": 10}
+    ddp = check_training({"fn": "trainers.pytorch.train:main", "lr": 0.5, "model": model}, digits)
+    assert ddp.config["lr"] == 0.5 and ddp.config["batch_size"] == 64
     assert ddp.backend.name == "torch" and ddp.info.step_unit == "step"
     own = check_training({"fn": "tests.user_trainers:paced_ddp", "steps": 3, "anything": [1]})
     assert own.config == {"fn": "tests.user_trainers:paced_ddp", "steps": 3, "anything": [1]}

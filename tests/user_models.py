@@ -4,12 +4,12 @@ from __future__ import annotations
 
 
 class TinyTorchNet:
-    """A factory returning a torch module: in_features -> width -> classes."""
+    """A factory returning a torch module: in_features -> width -> out_features."""
 
-    def __new__(cls, in_features: int, num_classes: int, width: int = 32):
+    def __new__(cls, in_features: int, out_features: int, width: int = 32):
         from torch import nn
 
-        return nn.Sequential(nn.Linear(in_features, width), nn.Tanh(), nn.Linear(width, num_classes))
+        return nn.Sequential(nn.Linear(in_features, width), nn.Tanh(), nn.Linear(width, out_features))
 
 
 def tiny_keras_model(in_features: int, num_classes: int, width: int = 32):

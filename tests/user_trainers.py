@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from trainers.ddp.train import main as ddp_main
+from trainers.pytorch.train import main as ddp_main
 
 
 def fails_at_step_35(ctx, cfg):

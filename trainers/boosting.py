@@ -18,6 +18,20 @@ def worker_rows(num_rows: int, rank: int, world_size: int) -> np.ndarray:
     return np.arange(rank, num_rows, world_size)
 
 
+def test_metrics(prediction: np.ndarray, y: np.ndarray, num_classes: int) -> dict[str, float]:
+    """Classification metrics from class probabilities, or regression metrics (num_classes 0)."""
+    if num_classes == 0:
+        return regression_metrics(prediction, y)
+    return classification_metrics(prediction, y, num_classes)
+
+
+def regression_metrics(prediction: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    error = np.asarray(prediction, dtype=np.float64).reshape(-1) - y
+    total = float(((y - y.mean()) ** 2).sum())
+    return {"test_rmse": float(np.sqrt((error ** 2).mean())),
+            "test_r2": 1.0 - float((error ** 2).sum()) / total if total > 0 else 0.0}
+
+
 def classification_metrics(proba: np.ndarray, y: np.ndarray, num_classes: int) -> dict[str, float]:
     """Accuracy and log loss; AUC too for two classes. proba: (rows,) or (rows, classes)."""
     if proba.ndim == 1:

@@ -38,11 +38,18 @@ class NeuralNetConfig(TrainerConfig):
                 "the import path of the model class or builder function")
 
 
-def check_model_target(config: Mapping[str, Any]) -> None:
+def check_model_target(cfg: Mapping[str, Any]) -> None:
     """The model's module must exist (checked without importing it: no framework here)."""
-    target = config["model"]["_target_"]
+    if cfg["data"].get("task") not in (None, "classification"):
+        raise ConfigError(f"data.task={cfg['data']['task']!r} is not allowed with this trainer: "
+                          "classification")
+    target = cfg["trainer"]["model"]["_target_"]
     module = target.rpartition(".")[0]
-    if not module or find_spec(module) is None:
+    try:
+        found = bool(module) and find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        found = False
+    if not found:
         raise ConfigError(f"trainer.model._target_={target!r}: no module {module!r} to import")
 
 

@@ -20,21 +20,28 @@ from orchestrator.errors import ConfigError
 # Hydra's flags: those that end the command early, and those that take a value.
 _NOTHING_TO_CHECK = {"-h", "--help", "--hydra-help", "--version", "-i", "--info",
                      "-sc", "--shell-completion"}
-_OWN_CONFIG = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
+_OWN_CONFIG = {"-cp", "--config-path", "-cn", "--config-name"}
+_CONFIG_DIR = {"-cd", "--config-dir"}  # a project's own config folder, searched as well
 _TAKES_VALUE = {"-c", "--cfg", "-p", "--package", "--experimental-rerun"} | _OWN_CONFIG
 _TYPE_NAMES = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false",
                "String": "a string"}
 
 
 def split_command_line(argv: list[str]) -> tuple[list[str], bool] | None:
-    """(overrides, multirun), or None when there is nothing to check (--help, own config).
-    Overrides of Hydra's own keys (hydra.sweeper.search=...) are among them."""
+    """(overrides, multirun), or None when there is nothing to check (--help, own primary
+    config). Overrides of Hydra's own keys (hydra.sweeper.search=...) are among them; a
+    --config-dir becomes the hydra.searchpath override it amounts to."""
     overrides, multirun, i = [], False, 0
     while i < len(argv):
         arg = argv[i]
         flag = arg.split("=", 1)[0]
         if flag in _NOTHING_TO_CHECK or flag in _OWN_CONFIG:
             return None
+        if flag in _CONFIG_DIR:
+            folder = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            overrides.append(f"hydra.searchpath=[file://{Path(folder).resolve()}]")
+            i += 1 if "=" in arg else 2
+            continue
         if arg in ("-m", "--multirun"):
             multirun = True
         elif arg in _TAKES_VALUE:
@@ -69,31 +76,35 @@ def check_command_line(argv: list[str], conf_dir: Path) -> int:
     if split is None:
         return 0
     overrides, multirun = split
+    searchpath = [o for o in overrides if o.startswith("hydra.searchpath=")]
     with initialize_config_dir(str(conf_dir), version_base="1.3", job_name="preflight"):
         trials = sweep_trials(overrides) if multirun else expand_sweep(overrides, False)
         checked: set[str] = set()
         for trial in trials:
-            cfg = compose_one(trial)
-            to_typed(cfg)
-            check_trainer(cfg, checked)
+            cfg = compose_one(trial + searchpath)
+            check_trainer(cfg, to_typed(cfg), checked)
     return len(trials)
 
 
-def check_trainer(cfg, checked: set[str]) -> None:
-    """The training function's checks (its schema; its framework judges its parameters), once
-    per distinct trainer config, so that no trial of a sweep fails on input after others
-    started."""
+def check_trainer(cfg, typed, checked: set[str]) -> None:
+    """The training function's checks (its schema; its framework judges its parameters; a
+    trial of the user's parts), once per distinct trainer and data config, so that no trial
+    of a sweep fails on input after others started."""
     import json
 
     from omegaconf import OmegaConf
 
+    from orchestrator.backends import check_cluster
+    from orchestrator.run_plan import complete_data
     from orchestrator.training_function import check_training
 
+    complete_data(cfg, typed)
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
-    key = json.dumps(trainer, sort_keys=True, default=str)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    key = json.dumps([trainer, data, typed.cluster.gpus_per_worker], sort_keys=True, default=str)
     if key not in checked:
         checked.add(key)
-        check_training(trainer)
+        check_cluster(check_training(trainer, data).backend, typed.cluster.gpus_per_worker)
 
 
 def sweep_trials(overrides: list[str]) -> list[list[str]]:
@@ -184,4 +195,6 @@ def _expected_type(message: str) -> str | None:
         return _TYPE_NAMES["Boolean"]
     if "Non optional field cannot be assigned None" in message:
         return "a value (not null)"
+    if re.search(r"Cannot assign \w+ to Dict", message):
+        return "a config node: set its keys (<key>._target_=..., <key>.lr=...)"
     return None

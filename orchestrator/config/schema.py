@@ -86,28 +86,56 @@ class StorageConfig:
             check_s3_uri(self.uri)
 
 
+DATA_NAMES = ("digits", "synthetic", "parquet", "torch")
+TASKS = ("classification", "regression", "language_model")
+
+
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | synthetic | parquet
+    name: str = "digits"  # digits | synthetic | parquet | torch (your own datasets)
+    # classification | regression | language_model; null: from the data where that is
+    # unambiguous (an integer, string or boolean label is classification).
+    task: str | None = None
     path: str | None = None  # parquet: a file or directory, local or s3://
     label: str = "label"  # parquet: the label column
-    features: int = 20  # synthetic: number of features
+    # Tabular data's shape, for interpolation (trainer.model.in_features: ${data.features}):
+    # null = filled in from the data on the driver before anything starts.
+    features: int | None = None  # synthetic: the number of features to generate
+    outputs: int | None = None  # a model's output width: the classes, or 1 for regression
     classes: int = 2  # synthetic: number of classes
     rows: int = 10_000  # synthetic: number of rows
     test_fraction: float = 0.2
+    # data=torch: your own map-style datasets and batching, as _target_ nodes.
+    train: dict[str, Any] | None = None
+    eval: dict[str, Any] | None = None
+    collate_fn: dict[str, Any] | None = None
+    num_workers: int = 0  # DataLoader processes that prefetch batches
 
     def __post_init__(self) -> None:
-        allowed = ("digits", "synthetic", "parquet")
-        require(self.name in allowed, "data", self.name, "one of " + ", ".join(allowed))
+        require(self.name in DATA_NAMES, "data", self.name, "one of " + ", ".join(DATA_NAMES))
+        if self.task is not None:
+            require(self.task in TASKS, "data.task", self.task,
+                    "null (from the data) or one of " + ", ".join(TASKS))
         require(0 < self.test_fraction < 1, "data.test_fraction", self.test_fraction,
                 "a number strictly between 0 and 1")
+        require(self.num_workers >= 0, "data.num_workers", self.num_workers, "an integer >= 0")
         if self.name == "synthetic":
             require(self.rows >= 10, "data.rows", self.rows, "an integer >= 10")
-            require(self.features >= 1, "data.features", self.features, "an integer >= 1")
+            require(self.features is not None and self.features >= 1, "data.features",
+                    self.features, "an integer >= 1")
             require(self.classes >= 2, "data.classes", self.classes, "an integer >= 2")
+            require(self.task in (None, "classification", "regression"), "data.task", self.task,
+                    "classification or regression for data=synthetic")
         if self.name == "parquet":
             require(bool(self.path), "data.path", self.path,
                     "a parquet file or directory (local path or s3:// URI)")
+            require(self.task != "language_model", "data.task", self.task,
+                    "classification or regression for data=parquet")
+        if self.name == "torch":
+            for key in ("train", "eval"):
+                node = getattr(self, key)
+                require(bool(node) and "_target_" in node, f"data.{key}._target_", None,
+                        "the import path of a map-style dataset class or factory")
 
 
 @dataclass

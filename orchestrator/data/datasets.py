@@ -19,35 +19,83 @@ from orchestrator.storage import StorageSpec
 @dataclass(frozen=True)
 class Dataset:
     x_train: np.ndarray  # float32, (rows, features)
-    y_train: np.ndarray  # int64 class ids
+    y_train: np.ndarray  # int64 class ids, or float32 targets (regression)
     x_test: np.ndarray
     y_test: np.ndarray
-    num_classes: int
+    num_classes: int  # 0 for regression
     feature_names: tuple[str, ...]
+    task: str = "classification"
 
     @property
     def num_features(self) -> int:
         return self.x_train.shape[1]
 
 
+@dataclass(frozen=True)
+class DataFacts:
+    """What a model needs to know of tabular data (interpolated as ${data.features} etc.)."""
+
+    features: int
+    outputs: int  # the number of classes, or 1 for regression
+    task: str
+
+
+def data_facts(cfg: DataConfig, storage: StorageSpec | None = None) -> DataFacts | None:
+    """The shape of a built-in dataset, found cheaply on the driver (a parquet file's schema
+    and label column); None for data=torch (the user's datasets say themselves)."""
+    if cfg.name == "digits":
+        return DataFacts(64, 10 if cfg.task != "regression" else 1, cfg.task or "classification")
+    if cfg.name == "synthetic":
+        task = cfg.task or "classification"
+        return DataFacts(cfg.features, cfg.classes if task == "classification" else 1, task)
+    if cfg.name == "parquet":
+        dataset = check_parquet(cfg, storage)
+        labels = dataset.to_table(columns=[cfg.label])[cfg.label]
+        task = parquet_task(cfg, labels.type)
+        outputs = len(labels.unique()) if task == "classification" else 1
+        return DataFacts(len(dataset.schema.names) - 1, outputs, task)
+    return None
+
+
+def parquet_task(cfg: DataConfig, label_type: pa.DataType) -> str:
+    if cfg.task is not None:
+        return cfg.task
+    if pa.types.is_floating(label_type) or pa.types.is_decimal(label_type):
+        raise ConfigError(
+            f"data.task: the label column {cfg.label!r} holds {label_type} numbers, which may be "
+            "a regression target or class ids: set data.task=regression or data.task=classification")
+    return "classification"
+
+
 def load_dataset(cfg: DataConfig, seed: int, storage: StorageSpec | None = None) -> Dataset:
+    task = cfg.task or "classification"
     if cfg.name == "digits":
         from sklearn.datasets import load_digits
 
         bunch = load_digits()
-        x, y = bunch.data.astype(np.float32) / 16.0, bunch.target.astype(np.int64)
+        x, y = bunch.data.astype(np.float32) / 16.0, bunch.target
         names = tuple(f"pixel_{i}" for i in range(x.shape[1]))
     elif cfg.name == "synthetic":
-        x, y = synthetic(cfg.rows, cfg.features, cfg.classes, seed)
+        x, y = synthetic(cfg.rows, cfg.features, cfg.classes, seed, task)
         names = tuple(f"f{i}" for i in range(cfg.features))
+    elif cfg.name == "parquet":
+        x, y, names, task = read_parquet(cfg, storage)
     else:
-        x, y, names = read_parquet(cfg, storage)
-    return split(x, y, cfg.test_fraction, seed, names)
+        raise ConfigError("data=torch: your datasets come from data.train/data.eval, not "
+                          "ctx.dataset() (which loads digits, synthetic and parquet)")
+    return split(x, y, cfg.test_fraction, seed, names, task)
 
 
-def synthetic(rows: int, features: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Gaussian clusters around random centres, with label noise: learnable, not trivial."""
+def synthetic(rows: int, features: int, classes: int, seed: int,
+              task: str = "classification") -> tuple[np.ndarray, np.ndarray]:
+    """Classification: Gaussian clusters around random centres, with label noise. Regression:
+    a noisy nonlinear function of the features. Learnable, not trivial."""
     rng = np.random.default_rng([seed, 20_261_122])
+    if task == "regression":
+        x = rng.normal(0.0, 1.0, size=(rows, features)).astype(np.float32)
+        w = rng.normal(0.0, 1.0, size=features).astype(np.float32)
+        y = x @ w + 0.5 * np.sin(2 * x[:, 0]) + rng.normal(0.0, 0.3, size=rows)
+        return x, y.astype(np.float32)
     centres = rng.normal(0.0, 1.5, size=(classes, features)).astype(np.float32)
     y = rng.integers(0, classes, size=rows)
     x = centres[y] + rng.normal(0.0, 1.0, size=(rows, features)).astype(np.float32)
@@ -56,12 +104,16 @@ def synthetic(rows: int, features: int, classes: int, seed: int) -> tuple[np.nda
     return x.astype(np.float32), y.astype(np.int64)
 
 
-def split(x, y, test_fraction: float, seed: int, names) -> Dataset:
+def split(x, y, test_fraction: float, seed: int, names, task: str = "classification") -> Dataset:
     order = np.random.default_rng([seed, 1]).permutation(len(y))
     n_test = max(1, int(round(len(y) * test_fraction)))
     test, train = order[:n_test], order[n_test:]
-    classes = int(y.max()) + 1
-    return Dataset(x[train], y[train], x[test], y[test], classes, tuple(names))
+    if task == "regression":
+        y, classes = np.asarray(y, dtype=np.float32), 0
+    else:
+        y = np.asarray(y, dtype=np.int64)
+        classes = int(y.max()) + 1
+    return Dataset(x[train], y[train], x[test], y[test], classes, tuple(names), task)
 
 
 def _parquet_dataset(cfg: DataConfig, storage: StorageSpec | None):
@@ -100,6 +152,9 @@ def read_parquet(cfg: DataConfig, storage: StorageSpec | None):
     table = check_parquet(cfg, storage).to_table()
     names = [n for n in table.column_names if n != cfg.label]
     x = np.column_stack([table[n].to_numpy(zero_copy_only=False) for n in names]).astype(np.float32)
+    task = parquet_task(cfg, table.schema.field(cfg.label).type)
     labels = table[cfg.label].to_numpy(zero_copy_only=False)
+    if task == "regression":
+        return x, labels.astype(np.float32), names, task
     _, y = np.unique(labels, return_inverse=True)  # any label values -> 0..k-1
-    return x, y.astype(np.int64), names
+    return x, y.astype(np.int64), names, task

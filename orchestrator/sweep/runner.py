@@ -83,7 +83,8 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     from hydra.core.singleton import Singleton
     from ray import tune
 
-    from orchestrator.launch import controller_env, trainer_class
+    from orchestrator.backends import backend_named
+    from orchestrator.launch import controller_env
     from orchestrator.ray_session import RaySession
 
     started = time.time()
@@ -95,11 +96,12 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     cluster = ClusterConfig(**OmegaConf.to_container(config.cluster, resolve=True))
     grid = space.grid_size * conf.num_samples if conf.search == "grid" else conf.num_samples
 
-    # Trials import the user's modules (a trainer._target_ of theirs) from the command's
+    # Trials import the user's modules (a trainer.fn or _target_ of theirs) from the command's
     # directory, as the workers do.
-    # The controllers of all trials share the session's environment: the base trainer's knobs.
-    base_trainer = trainer_class(str(config.trainer._target_))
-    env = {**controller_env(float(config.failure.hang_timeout_s), base_trainer),
+    # The controllers of all trials share the session's environment: the base trainer's
+    # backend's knobs.
+    backend = backend_named(str(config.trainer.get("backend", "torch")))
+    env = {**controller_env(float(config.failure.hang_timeout_s), backend),
            "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     # Trials print through Ray's worker-output channel (no recorder of the sweep relays them
     # yet), so a sweep streams it whatever log.ray_verbose says.

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from orchestrator.config.schema import DataConfig
 from orchestrator.data.datasets import load_dataset
 from orchestrator.data.order import DataOrder
-from trainers.ddp.models import MLP
 from trainers.neural import standardize
+from trainers.pytorch.models import MLP
 
 
 def add_job_args(parser: argparse.ArgumentParser) -> None:

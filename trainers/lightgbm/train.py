@@ -19,9 +19,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.worker_api import WorkerContext, training_function
 from trainers.boosting import (
     after_round,
-    classification_metrics,
     first_line,
     native_stderr_silenced,
+    test_metrics,
     worker_rows,
 )
 from trainers.lightgbm.config import LightGBMConfig
@@ -30,9 +30,16 @@ PARAM_KEYS = ("num_leaves", "learning_rate", "max_depth", "min_data_in_leaf",
               "feature_fraction", "lambda_l2")
 
 
+def default_objective(num_classes: int) -> str:
+    if num_classes == 0:
+        return "regression"
+    return "binary" if num_classes == 2 else "multiclass"
+
+
 def booster_params(config: Mapping[str, Any], num_classes: int, seed: int) -> dict[str, Any]:
+    """num_classes 0: regression."""
     params = {k: config[k] for k in PARAM_KEYS}
-    objective = config.get("objective") or ("binary" if num_classes == 2 else "multiclass")
+    objective = config.get("objective") or default_objective(num_classes)
     params.update(objective=objective, seed=seed, deterministic=True, force_row_wise=True,
                   verbosity=-1)
     if objective in ("multiclass", "multiclassova", "softmax", "multiclass_ova", "ova", "ovr"):
@@ -41,13 +48,15 @@ def booster_params(config: Mapping[str, Any], num_classes: int, seed: int) -> di
     return params
 
 
-def check_config(config: Mapping[str, Any]) -> None:
+def check_config(cfg: Mapping[str, Any]) -> None:
     """Let LightGBM itself judge the parameters, on a tiny problem, before Ray starts."""
+    config = cfg["trainer"]
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(40, 2)), np.tile([0.0, 1.0], 20)
+    classes = 0 if cfg["data"].get("task") == "regression" else 2
     try:
         with native_stderr_silenced():
-            lgb.train(booster_params(config, 2, 0), lgb.Dataset(x, label=y), num_boost_round=1)
+            lgb.train(booster_params(config, classes, 0), lgb.Dataset(x, label=y), num_boost_round=1)
     except lgb.basic.LightGBMError as exc:
         key = "trainer.objective" if config.get("objective") else "trainer.params"
         raise ConfigError(f"{key}: LightGBM refuses it: {first_line(exc)}") from exc
@@ -68,8 +77,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     ctx.total_steps = int(tcfg["num_boost_round"])
 
     def evaluate(model: lgb.Booster) -> dict[str, float]:
-        proba = np.asarray(model.predict(data.x_test))
-        return classification_metrics(proba, data.y_test, data.num_classes)
+        return test_metrics(np.asarray(model.predict(data.x_test)), data.y_test, data.num_classes)
 
     def each_round(env) -> None:
         metrics = {f"train_{name}": float(value) for _, name, value, _ in env.evaluation_result_list}

@@ -9,10 +9,8 @@ mirrored, so rank 0 alone writes them into a checkpoint.
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 from hydra.utils import instantiate
 
-import trainers.mwms  # noqa: F401  (tf-keras before tensorflow)
 from orchestrator.worker_api import WorkerContext, training_function
 from trainers.mwms.config import MWMSConfig
 from trainers.neural import check_model_target, standardize, total_steps
@@ -35,6 +33,12 @@ def load_arrays(path) -> list[np.ndarray]:
 
 @training_function(config=MWMSConfig, check=check_model_target)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
+    # Imported here, not with the module: the driver checks this function's config without
+    # TensorFlow's seconds of start-up and its lines on stderr.
+    import tensorflow as tf
+
+    import trainers.mwms  # noqa: F401  (tf-keras before tensorflow)
+
     tcfg = cfg["trainer"]
     data = ctx.dataset()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

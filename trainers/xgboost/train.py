@@ -18,9 +18,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.worker_api import WorkerContext, training_function
 from trainers.boosting import (
     after_round,
-    classification_metrics,
     first_line,
     native_stderr_silenced,
+    test_metrics,
     worker_rows,
 )
 from trainers.xgboost.config import XGBoostConfig
@@ -29,9 +29,16 @@ PARAM_KEYS = ("max_depth", "eta", "subsample", "colsample_bytree", "min_child_we
               "reg_lambda", "tree_method", "max_bin")
 
 
+def default_objective(num_classes: int) -> str:
+    if num_classes == 0:
+        return "reg:squarederror"
+    return "binary:logistic" if num_classes == 2 else "multi:softprob"
+
+
 def booster_params(config: Mapping[str, Any], num_classes: int, seed: int) -> dict[str, Any]:
+    """num_classes 0: regression."""
     params = {k: config[k] for k in PARAM_KEYS}
-    objective = config.get("objective") or ("binary:logistic" if num_classes == 2 else "multi:softprob")
+    objective = config.get("objective") or default_objective(num_classes)
     params.update(objective=objective, seed=seed)
     if objective.startswith("multi:"):
         params["num_class"] = num_classes
@@ -39,13 +46,15 @@ def booster_params(config: Mapping[str, Any], num_classes: int, seed: int) -> di
     return params
 
 
-def check_config(config: Mapping[str, Any]) -> None:
+def check_config(cfg: Mapping[str, Any]) -> None:
     """Let XGBoost itself judge the parameters, on a tiny problem, before Ray starts."""
+    config = cfg["trainer"]
     x = np.array([[0.0], [1.0], [0.0], [1.0]], dtype=np.float32)
     y = np.array([0, 1, 0, 1], dtype=np.float32)
+    classes = 0 if cfg["data"].get("task") == "regression" else 2
     try:
         with native_stderr_silenced():
-            xgb.train(booster_params(config, 2, 0), xgb.DMatrix(x, label=y), num_boost_round=1)
+            xgb.train(booster_params(config, classes, 0), xgb.DMatrix(x, label=y), num_boost_round=1)
     except xgb.core.XGBoostError as exc:
         key = "trainer.objective" if config.get("objective") else "trainer.params"
         raise ConfigError(f"{key}: XGBoost refuses it: {first_line(exc)}") from exc
@@ -76,8 +85,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     ctx.total_steps = int(tcfg["num_boost_round"])
 
     def evaluate(model: xgb.Booster) -> dict[str, float]:
-        proba = model.predict(xgb.DMatrix(data.x_test))
-        return classification_metrics(proba, data.y_test, data.num_classes)
+        return test_metrics(model.predict(xgb.DMatrix(data.x_test)), data.y_test, data.num_classes)
 
     if ctx.start_step < ctx.total_steps:
         booster = xgb.train(params, dtrain, num_boost_round=ctx.total_steps - ctx.start_step,

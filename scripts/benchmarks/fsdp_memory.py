@@ -1,0 +1,83 @@
+"""Models larger than one worker: peak resident memory (VmHWM) per training worker, FSDP
+against DDP, at 2 and 4 workers, on a ~101M-parameter transformer (the LM example widened:
+8 blocks of width 1024; AdamW, so parameters + gradients + 2 moments = 16 bytes a parameter).
+
+Both figures are reported: the whole peak RSS of the largest worker, and its peak above the
+worker's own baseline (the same job with a tiny model: Python, torch, Ray and the data, ~0.5
+GiB here), which is what the sharding divides. FSDP builds the model on the meta device
+(trainer.fsdp.meta_init), so no worker ever holds the whole model.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from scripts.benchmarks.common import (
+    REPO,
+    Goal,
+    figure,
+    orchestrator_cmd,
+    progress,
+    ratio,
+    read_json,
+)
+from scripts.benchmarks.memory import run_watched
+
+EXAMPLE = REPO / "examples" / "char_lm"
+GOALS = {2: Goal("<=", 0.6), 4: Goal("<=", 0.35)}
+BIG = ["trainer.model.dim=1024", "trainer.model.layers=8", "trainer.model.heads=16"]
+TINY = ["trainer.model.dim=32", "trainer.model.layers=1", "trainer.model.heads=2"]
+
+
+def overrides(parallel: str, workers: int, model: list[str], steps: int) -> list[str]:
+    sharded = ["trainer=fsdp", "trainer.fsdp.meta_init=true"] if parallel == "fsdp" else []
+    return ["+experiment=char_lm", *sharded, *model, f"cluster.workers={workers}",
+            "trainer.batch_size=8", f"trainer.max_steps={steps}", "trainer.epochs=100",
+            "checkpoint.every_steps=100000", "log.tensorboard=false", "log.metrics=false"]
+
+
+def example_cmd(run_dir: Path, *extra: str) -> list[str]:
+    """The LM example's command, its own config folder a Hydra flag before the overrides."""
+    cmd = orchestrator_cmd(run_dir, *extra)
+    cmd[3:3] = ["-cd", str(EXAMPLE / "conf")]
+    return cmd
+
+
+def worker_peak(work: Path, name: str, extra: list[str]) -> dict:
+    run_dir = work / name
+    timed, peaks = run_watched(example_cmd(run_dir, *extra), work / f"{name}.log",
+                               env={"PYTHONPATH": str(EXAMPLE)}, timeout=1800)
+    rec = read_json(run_dir / "run.json")
+    workers = peaks["train_workers_mib"]
+    progress(f"fsdp_memory {name}: workers {workers} MiB, {timed.wall_s} s")
+    return {"worker_max_mib": max(workers) if workers else None, "workers_mib": workers,
+            "wall_s": timed.wall_s, "steps": rec.get("steps"), "status": rec.get("status")}
+
+
+def run(args: argparse.Namespace, work: Path) -> dict:
+    runs: dict[str, dict] = {}
+    for workers in (2, 4):
+        runs[f"baseline@{workers}"] = worker_peak(work, f"baseline-{workers}",
+                                                  overrides("ddp", workers, TINY, 2))
+        for parallel in ("ddp", "fsdp"):
+            runs[f"{parallel}@{workers}"] = worker_peak(
+                work, f"{parallel}-{workers}", overrides(parallel, workers, BIG, args.fsdp_steps))
+    return summarize(runs)
+
+
+def above(peak: float | None, baseline: float | None) -> float | None:
+    return peak - baseline if peak is not None and baseline is not None else None
+
+
+def summarize(runs: dict[str, dict]) -> dict:
+    figures = {}
+    for workers in (2, 4):
+        base = runs[f"baseline@{workers}"]["worker_max_mib"]
+        ddp, fsdp = runs[f"ddp@{workers}"]["worker_max_mib"], runs[f"fsdp@{workers}"]["worker_max_mib"]
+        figures[f"peak_rss_fsdp_vs_ddp_at_{workers}"] = figure(ratio(fsdp, ddp), GOALS[workers])
+        figures[f"above_baseline_fsdp_vs_ddp_at_{workers}"] = figure(
+            ratio(above(fsdp, base), above(ddp, base)), GOALS[workers])
+    return {"job": {"model": "TinyGPT dim 1024, 8 blocks, 16 heads (~101M parameters)",
+                    "optimizer": "AdamW", "global_batch": "8 x 64 bytes", "fsdp": "meta_init"},
+            "figures": figures, "runs": runs}

@@ -1,0 +1,32 @@
+"""Parts a user might get wrong on a first try: the driver must say so in one line before Ray
+starts."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+
+class RaggedItems(Dataset):
+    """Items of different lengths: torch's default collate cannot stack them."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int):
+        return torch.ones(index + 1), torch.tensor(0)
+
+
+class FiveByTwo(nn.Module):
+    """An output of shape (batch, 5, 2): cross entropy against class ids cannot take it."""
+
+    def __init__(self, in_features: int = 64):
+        super().__init__()
+        self.linear = nn.Linear(in_features, 10)
+
+    def forward(self, x):
+        return self.linear(x).reshape(-1, 5, 2)
+
+
+def per_sample_loss(output, target):
+    return F.cross_entropy(output, target, reduction="none")  # not reduced to one number

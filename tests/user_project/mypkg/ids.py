@@ -1,0 +1,43 @@
+"""Digits whose items carry their index, and a model that logs the indices it trains on: one
+line per forward pass on a worker (pid and the batch's ids), so that a test can tell which
+samples every step saw."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.utils.data import Dataset
+
+
+class NumberedDigits(Dataset):
+    def __init__(self, split: str = "train"):
+        x, y = load_digits(return_X_y=True)
+        rows = np.arange(len(y))
+        rows = rows[rows % 5 != 0] if split == "train" else rows[rows % 5 == 0]
+        self.x = torch.tensor(x[rows] / 16.0, dtype=torch.float32)
+        self.y = torch.tensor(y[rows], dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int):
+        return {"x": self.x[index], "id": torch.tensor(index)}, self.y[index]
+
+
+class LoggingMLP(nn.Module):
+    def __init__(self, log_dir: str, width: int = 32):
+        super().__init__()
+        self.log_dir = Path(log_dir)
+        self.net = nn.Sequential(nn.Linear(64, width), nn.Tanh(), nn.Linear(width, 10))
+
+    def forward(self, inputs):
+        if self.training and dist.is_initialized():  # a worker's training step, not the driver's trial
+            line = json.dumps([os.getpid(), inputs["id"].tolist()])
+            with open(self.log_dir / f"rank{dist.get_rank()}.jsonl", "a") as f:
+                f.write(line + "\n")
+        return self.net(inputs["x"])

@@ -1,1 +1,0 @@
-"""PyTorch DistributedDataParallel on Ray Train's TorchTrainer (gloo on CPU, nccl on GPU)."""

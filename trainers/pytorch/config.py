@@ -1,0 +1,85 @@
+"""The PyTorch trainer's config; no torch import, so the driver can validate it cheaply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.config.schema import TrainerConfig, require
+
+PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
+
+
+def locate(path: str):
+    """The object at an import path. Hydra's own locator: its public get_object/get_method
+    also log an error line of their own when the path is wrong (the user gets ours)."""
+    from hydra._internal.utils import _locate
+
+    return _locate(path)
+
+
+def given(node: dict | None) -> bool:
+    """An optional part is given when its node names a _target_ (``_target_: null``: the default)."""
+    return bool(node) and node.get("_target_") is not None
+PARALLEL = ("ddp", "fsdp")
+METRICS = ("accuracy", "loss", "perplexity", "mse", "r2")
+
+
+@dataclass
+class FSDPConfig:
+    """trainer.parallel=fsdp: what is sharded and how (torch.distributed.fsdp.fully_shard)."""
+
+    # Module class names sharded as units (each gathers its parameters only while it runs);
+    # empty: every nn.TransformerEncoderLayer/DecoderLayer and every class named *Block/*Layer.
+    blocks: list[str] = field(default_factory=list)
+    reshard_after_forward: bool = True  # free gathered parameters after forward (less memory)
+    cpu_offload: bool = False  # keep parameters and optimizer state in CPU memory (GPU runs)
+    # Build the model on the meta device, shard it, then initialise only this rank's shards
+    # (every module's reset_parameters(), seeded per rank): for models that do not fit one
+    # worker whole. Parameters a module creates without reset_parameters are not initialised.
+    meta_init: bool = False
+
+
+@dataclass
+class PyTorchConfig(TrainerConfig):
+    name: str = "ddp"
+    fn: str = "trainers.pytorch.train:main"
+    backend: str = "torch"
+    parallel: str = "ddp"  # ddp: replicate the model | fsdp: shard it over the workers
+    model: dict[str, Any] = field(default_factory=lambda: {"_target_": "trainers.pytorch.models.MLP"})
+    loss: dict[str, Any] | None = None  # _target_ null: from data.task
+    step_fn: dict[str, Any] | None = None  # (model, batch) -> loss | (loss, {metric: value})
+    lr: float = 0.1  # the optimizer's lr by default (optimizer.lr: ${..lr}), handy to sweep
+    optimizer: dict[str, Any] = field(default_factory=lambda: {
+        "_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1, "momentum": 0.9})
+    scheduler: dict[str, Any] | None = None  # built with _partial_ on the optimizer
+    metrics: list[Any] | None = None  # null: from data.task; names or {_target_: fn(output, target)}
+    batch_size: int = 64  # the global batch, whatever the number of workers
+    micro_batch_size: int | None = None  # at most this many rows per forward; accumulation does the rest
+    precision: str = "32"
+    grad_clip: float | None = None  # max gradient norm
+    epochs: int = 10
+    max_steps: int | None = None  # stop earlier than epochs * steps_per_epoch
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+
+    def __post_init__(self) -> None:
+        require(self.parallel in PARALLEL, "trainer.parallel", self.parallel, "one of ddp, fsdp")
+        require(self.precision in PRECISIONS, "trainer.precision", self.precision,
+                "one of " + ", ".join(PRECISIONS))
+        require(self.batch_size >= 1, "trainer.batch_size", self.batch_size, "an integer >= 1")
+        if self.micro_batch_size is not None:
+            require(self.micro_batch_size >= 1, "trainer.micro_batch_size", self.micro_batch_size,
+                    "null (the whole share at once) or an integer >= 1")
+        if self.grad_clip is not None:
+            require(self.grad_clip > 0, "trainer.grad_clip", self.grad_clip, "null or a number > 0")
+        require(self.lr > 0, "trainer.lr", self.lr, "a number > 0")
+        require(self.epochs >= 1, "trainer.epochs", self.epochs, "an integer >= 1")
+        if self.max_steps is not None:
+            require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "null or an integer >= 1")
+        for key in ("model", "optimizer"):
+            require(given(getattr(self, key)), f"trainer.{key}._target_", None,
+                    "the import path of a class or function")
+        for metric in self.metrics or []:
+            ok = metric in METRICS or (isinstance(metric, dict) and "_target_" in metric)
+            require(ok, "trainer.metrics", metric,
+                    "a list of " + ", ".join(METRICS) + " or {_target_: your fn(output, target)}")

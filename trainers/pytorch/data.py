@@ -1,0 +1,135 @@
+"""Batches for the PyTorch trainer: the orchestrator's order (ctx.batches: the global batch of a
+step is fixed by (seed, step) whatever the world size), cut into micro-batches, through a
+torch DataLoader (prefetching processes, pinned memory on GPU).
+
+Every rank runs the same number of micro-batches at a step (FSDP gathers parameters in each
+forward, so the ranks' forwards must pair up): a rank with fewer rows splits them finer, and a
+rank with none runs a padding micro-batch whose loss weighs zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from orchestrator.worker_api import Batches
+
+
+class TensorRows(Dataset):
+    """Rows of in-memory tensors as a map-style dataset, fetched a batch at a time (torch's
+    DataLoader calls __getitems__ with a micro-batch's indices): one gather, no collating."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int):
+        return self.x[index], self.y[index]
+
+    def __getitems__(self, indices: list[int]):
+        rows = torch.as_tensor(indices)
+        return self.x[rows], self.y[rows]
+
+
+def already_batched(batch):
+    """The collate function of TensorRows: __getitems__ returned the batch itself."""
+    return batch
+
+
+def tabular(dataset, standardize: Callable) -> tuple[TensorRows, TensorRows]:
+    """data=digits|synthetic|parquet (ctx.dataset()) as train and eval datasets."""
+    x_train, x_test = (torch.from_numpy(x) for x in standardize(dataset.x_train, dataset.x_test))
+    y_train, y_test = torch.from_numpy(dataset.y_train), torch.from_numpy(dataset.y_test)
+    return TensorRows(x_train, y_train), TensorRows(x_test, y_test)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    rows: np.ndarray  # dataset indices
+    weight: float  # 1.0, or 0.0 for padding (keeps the ranks' forwards paired)
+
+
+class StepPlan:
+    """This rank's micro-batches at every step, and the batch sampler that feeds them."""
+
+    def __init__(self, batches: Batches, world_size: int, micro_batch_size: int | None):
+        self.batches, self.world_size, self.micro = batches, world_size, micro_batch_size
+
+    def micro_batches(self, step: int) -> list[MicroBatch]:
+        rows = self.batches.rows(step)
+        global_rows = self.batches.global_rows(step)
+        most = math.ceil(len(global_rows) / self.world_size)  # the largest share this step
+        count = max(1, math.ceil(most / self.micro)) if self.micro else 1
+        if len(rows) == 0:
+            return [MicroBatch(global_rows[:1], 0.0)] * count
+        return [MicroBatch(part, 1.0) if len(part) else MicroBatch(rows[:1], 0.0)
+                for part in np.array_split(rows, count)]
+
+    def sampler(self, start: int, total: int) -> Iterator[list[int]]:
+        for step in range(start, total):
+            for micro in self.micro_batches(step):
+                yield micro.rows.tolist()
+
+
+class _Sampler:
+    """A re-iterable batch sampler over a plan's steps (DataLoader iterates it once)."""
+
+    def __init__(self, plan: StepPlan, start: int, total: int):
+        self.plan, self.start, self.total = plan, start, total
+
+    def __iter__(self):
+        return self.plan.sampler(self.start, self.total)
+
+
+def loader(dataset: Dataset, batch_sampler, collate: Callable, num_workers: int,
+           device: torch.device, seed: int) -> DataLoader:
+    return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate,
+                      num_workers=num_workers, pin_memory=device.type == "cuda",
+                      generator=torch.Generator().manual_seed(seed))
+
+
+def step_batches(dataset: Dataset, plan: StepPlan, start: int, total: int, collate: Callable,
+                 num_workers: int, device: torch.device, seed: int) -> Iterator:
+    """The micro-batches of steps start..total-1, in order, as the loop consumes them."""
+    return iter(loader(dataset, _Sampler(plan, start, total), collate, num_workers, device, seed))
+
+
+def eval_shards(size: int, rank: int, world_size: int, batch_size: int) -> list[MicroBatch]:
+    """This rank's share of the held-out rows (every world_size-th), in batches; every rank
+    gets the same number of batches (padding batches weigh zero)."""
+    rows = np.arange(rank, size, world_size)
+    count = math.ceil(math.ceil(size / world_size) / batch_size)
+    parts = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
+    pad = MicroBatch(np.arange(min(1, size)), 0.0)
+    return [MicroBatch(p, 1.0) for p in parts] + [pad] * (count - len(parts))
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def collate_function(node: dict | None) -> Callable:
+    """data.collate_fn: a function by import path (keyword arguments bind with partial)."""
+    if not node or node.get("_target_") is None:
+        return default_collate
+    from hydra.utils import instantiate
+
+    from trainers.pytorch.config import locate
+
+    if set(node) <= {"_target_", "_partial_"}:
+        return locate(node["_target_"])
+    return instantiate({**node, "_partial_": True})

@@ -1,0 +1,104 @@
+"""The user's parts, built from their _target_ nodes: one builder for the workers and for the
+driver's trial before Ray starts (trainers/pytorch/check.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from torch import nn
+
+from trainers.pytorch.config import given, locate
+from trainers.pytorch.tasks import (
+    DEFAULT_METRICS,
+    as_loss_and_metrics,
+    default_loss,
+    fitted,
+    split_batch,
+)
+
+# Keyword arguments of the shipped defaults (conf/trainer/ddp.yaml). Switching
+# trainer.model._target_ or trainer.optimizer._target_ keeps them in the merged node (Hydra merges
+# keys), so they reach the new target only where its signature takes them: a user's Net gets
+# in_features/out_features from the data if it asks for them, AdamW never gets SGD's momentum.
+DEFAULT_KEYS = {"model": {"in_features", "out_features", "hidden", "dropout"},
+                "optimizer": {"momentum"}}
+
+
+def accepted(node: dict, part: str) -> dict:
+    """The node without the default's keys that its _target_ does not take."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(locate(node["_target_"])).parameters
+    except Exception:  # noqa: BLE001  (no signature to read, or no such target: instantiate says)
+        return dict(node)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(node)
+    return {k: v for k, v in node.items()
+            if k.startswith("_") or k not in DEFAULT_KEYS[part] or k in parameters}
+
+
+def build_model(tcfg: dict) -> nn.Module:
+    model = instantiate(accepted(tcfg["model"], "model"), _convert_="all")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"it built a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def build_loss(tcfg: dict, task: str) -> Callable:
+    node = tcfg.get("loss")
+    if not given(node):
+        return default_loss(task)
+    if set(node) <= {"_target_", "_partial_"} and not isinstance(locate(node["_target_"]), type):
+        return locate(node["_target_"])  # a loss function such as torch.nn.functional.mse_loss
+    return instantiate(dict(node), _convert_="all")  # a loss module such as torch.nn.MSELoss
+
+
+@dataclass
+class Step:
+    """(model, batch) -> (mean loss over the batch's samples, {metric: mean}), and for the
+    default step also what held-out metrics need: the output and the target."""
+
+    task: str
+    loss_fn: Callable
+    user_step: Callable | None
+
+    def __call__(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict]:
+        if self.user_step is not None:
+            return as_loss_and_metrics(self.user_step(model, batch))
+        loss, _, _ = self.forward(model, batch)
+        return loss, {}
+
+    def forward(self, model: nn.Module, batch: Any):
+        inputs, target = split_batch(batch)
+        output = fitted(model(inputs), target, self.task)
+        return self.loss_fn(output, target), output, target
+
+
+def build_step(tcfg: dict, task: str) -> Step:
+    node = tcfg.get("step_fn")
+    user = None
+    if given(node):
+        user = locate(node["_target_"]) if set(node) <= {"_target_"} else \
+            instantiate({**node, "_partial_": True})
+    return Step(task, build_loss(tcfg, task), user)
+
+
+def build_optimizer(tcfg: dict, parameters) -> torch.optim.Optimizer:
+    node = accepted(tcfg["optimizer"], "optimizer")
+    return instantiate({**node, "_partial_": True}, _convert_="all")(parameters)
+
+
+def build_scheduler(tcfg: dict, optimizer: torch.optim.Optimizer):
+    node = tcfg.get("scheduler")
+    if not given(node):
+        return None
+    return instantiate({**node, "_partial_": True}, _convert_="all")(optimizer)
+
+
+def metric_names(tcfg: dict, task: str) -> list[Any]:
+    return list(tcfg.get("metrics") or DEFAULT_METRICS[task])

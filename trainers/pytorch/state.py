@@ -1,0 +1,74 @@
+"""What a checkpoint of the PyTorch trainer holds, and who writes it.
+
+DDP replicates the state: rank 0 writes model.pt (the plain module's state dict, loadable
+without the orchestrator) and optimizer.pt. FSDP shards it: every rank writes its own shards
+of the model and optimizer state with torch.distributed.checkpoint (DCP) into dcp/ (rank 0
+adds DCP's .metadata): nothing is gathered on one rank, and a checkpoint written at one world
+size loads at another (DCP reshards). The scheduler's and gradient scaler's states, the same
+on every rank, are rank 0's training_state.pt in both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainers.pytorch.precision import Precision
+
+
+class TrainingState:
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
+                 precision: Precision, rank: int, sharded: bool):
+        self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
+        self.precision, self.rank, self.sharded = precision, rank, sharded
+
+    def _extras(self) -> dict:
+        extras = {}
+        if self.scheduler is not None:
+            extras["scheduler"] = self.scheduler.state_dict()
+        if self.precision.scaler.is_enabled():
+            extras["scaler"] = self.precision.scaler.state_dict()
+        return extras
+
+    def write(self, folder: Path) -> None:
+        if self.sharded:  # collective: every rank writes its shards
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            model, optimizer = get_state_dict(self.module, self.optimizer)
+            dcp.save({"model": model, "optimizer": optimizer}, checkpoint_id=folder / "dcp")
+        elif self.rank == 0:
+            torch.save(self.module.state_dict(), folder / "model.pt")
+            torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+        if self.rank == 0 and (extras := self._extras()):
+            torch.save(extras, folder / "training_state.pt")
+
+    def load(self, folder: Path, device: torch.device) -> None:
+        if self.sharded:
+            self._load_shards(folder)
+        else:
+            self.module.load_state_dict(torch.load(folder / "model.pt", map_location=device,
+                                                   weights_only=True))
+            self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt",
+                                                      map_location=device, weights_only=True))
+        if (folder / "training_state.pt").exists():
+            extras = torch.load(folder / "training_state.pt", map_location=device, weights_only=True)
+            if self.scheduler is not None and "scheduler" in extras:
+                self.scheduler.load_state_dict(extras["scheduler"])
+            if "scaler" in extras:
+                self.precision.scaler.load_state_dict(extras["scaler"])
+
+    def _load_shards(self, folder: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if not (folder / "dcp").is_dir():
+            raise ValueError(f"{folder} holds no sharded state (dcp/): it was written by "
+                             "trainer.parallel=ddp; resume it with the same parallel mode")
+        model, optimizer = get_state_dict(self.module, self.optimizer)
+        state = {"model": model, "optimizer": optimizer}
+        dcp.load(state, checkpoint_id=folder / "dcp")  # this rank's shards, at any world size
+        set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
