@@ -31,6 +31,7 @@ from scripts.local_cluster import (  # noqa: E402
     clean_env,
     node_of,
     start_head,
+    stop_cluster,
     stop_head,
 )
 
@@ -138,7 +139,7 @@ def main() -> None:
     finally:
         for node in nodes:
             stop_head(node)
-        stop_head(head.process)
+        stop_cluster(head)
 
     value, ref = chaos.get("metrics", {}).get(metric), reference.get("metrics", {}).get(metric)
     print(json.dumps({
