@@ -39,6 +39,7 @@ from scripts.local_cluster import (  # noqa: E402
     clean_env,
     node_of,
     start_head,
+    stop_cluster,
     stop_head,
 )
 
@@ -120,7 +121,7 @@ class LoopbackCluster:
     def close(self) -> None:
         for node in self.nodes:
             stop_head(node)
-        stop_head(self.head.process)
+        stop_cluster(self.head)  # and /tmp/ray/ray_current_cluster as it was
 
 
 class HostsCluster:

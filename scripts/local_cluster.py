@@ -37,9 +37,35 @@ class RayHead:
     address: str
     dashboard: str
     process: subprocess.Popen
+    recorded_before: str | None = None  # CURRENT_CLUSTER's content before this head started
+
+
+# `ray start --head` records its cluster here, and a plain `ray.init()` (or Ray Train's
+# placement-group cleaner) on this machine then looks for that cluster: once the head is
+# stopped, what was recorded before it must be put back.
+CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
+
+
+def recorded_cluster() -> str | None:
+    try:
+        return CURRENT_CLUSTER.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def stop_cluster(head: RayHead) -> None:
+    """Stop a head started by start_head, and leave CURRENT_CLUSTER as it was before it (if
+    it still names this head: a newer cluster's record is not ours to touch)."""
+    stop_head(head.process)
+    if (recorded_cluster() or "").strip() == head.address:
+        if head.recorded_before is None:
+            CURRENT_CLUSTER.unlink(missing_ok=True)
+        else:
+            CURRENT_CLUSTER.write_text(head.recorded_before)
 
 
 def start_head(tmp: Path, num_cpus: int = 2) -> RayHead:
+    before = recorded_cluster()
     port, dash = free_port(), free_port()
     log = open(tmp / "ray-head.log", "w")
     proc = subprocess.Popen(
@@ -53,7 +79,7 @@ def start_head(tmp: Path, num_cpus: int = 2) -> RayHead:
         if proc.poll() is not None:
             raise RuntimeError(f"ray start exited: {(tmp / 'ray-head.log').read_text()[-2000:]}")
         if "block forever" in (tmp / "ray-head.log").read_text():
-            return RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", proc)
+            return RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", proc, before)
         time.sleep(0.5)
     stop_head(proc)
     raise RuntimeError("ray start --head did not come up in 90 s")
@@ -66,15 +92,17 @@ def node_env() -> dict:
     return clean_env({"RAY_AUTH_MODE": "token"} if token.exists() else {})
 
 
-def add_node(head: RayHead, tmp: Path, num_cpus: int = 2, attempts: int = 3) -> subprocess.Popen:
+def add_node(head: RayHead, tmp: Path, num_cpus: int = 2, attempts: int = 3,
+             env: dict | None = None) -> subprocess.Popen:
     """A worker node (its own raylet) joining the head; stop it like the head. On a loaded
-    machine a raylet can miss its 30 s registration window (hard-coded in Ray 2.60): try again."""
+    machine a raylet can miss its 30 s registration window (hard-coded in Ray 2.60): try again.
+    ``env``: the node's own settings (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, say)."""
     for attempt in range(1, attempts + 1):
         log_path = tmp / f"ray-node-{time.time_ns()}.log"
         proc = subprocess.Popen(
             [RAY, "start", "--block", f"--address={head.address}", f"--num-cpus={num_cpus}",
              "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
-            stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=node_env(),
+            stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env={**node_env(), **(env or {})},
             start_new_session=True,
         )
         deadline = time.time() + 150

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from scripts.local_cluster import (  # noqa: F401  (re-exported for the test mod
     clean_env,
     free_port,
     start_head,
+    stop_cluster,
     stop_head,
 )
 
@@ -54,6 +56,30 @@ def run_cli(run_dir: Path, *overrides: str, env: dict | None = None, timeout: fl
     return CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
+def read_record(run_dir) -> dict:
+    """The run record as it stands (empty before the run wrote one)."""
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def start_run(run_dir, *overrides, cwd=REPO, env=None) -> subprocess.Popen:
+    """The command, running: a test acts on it (kills, preempts) while it goes."""
+    return subprocess.Popen(cli_command(run_dir, *overrides), cwd=cwd, env=cli_env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, run_dir, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rec = read_record(run_dir)
+        if rec and predicate(rec):
+            return rec
+        time.sleep(0.2)
+    raise AssertionError(f"timed out; record: {read_record(run_dir)}")
+
+
 def user_project(tmp_path: Path) -> Path:
     """A copy of tests/user_project (a user's own package, mypkg) outside the repository."""
     import shutil
@@ -64,14 +90,16 @@ def user_project(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_head(tmp_path_factory):
+    """One real Ray head for every test that joins a running cluster (tests that kill or add
+    nodes start clusters of their own)."""
     head = start_head(tmp_path_factory.mktemp("ray-head"))
     yield head
-    stop_head(head.process)
+    stop_cluster(head)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real SeaweedFS S3 server on free loopback ports, stopped by pid afterwards."""
     from scripts.s3_server import SeaweedS3
@@ -79,3 +107,9 @@ def s3_server(tmp_path_factory):
     server = SeaweedS3(tmp_path_factory.mktemp("seaweed")).start()
     yield server
     server.stop(kill=True)
+
+
+@pytest.fixture(scope="session")
+def bucket(s3_server):
+    s3_server.filesystem().create_dir("ckpt-tests")
+    return "ckpt-tests"

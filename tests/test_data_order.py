@@ -65,3 +65,32 @@ def test_boosting_shards_cover_every_row_once_whatever_the_world_size(world):
     shards = [worker_rows(1001, rank, world) for rank in range(world)]
     assert np.array_equal(np.sort(np.concatenate(shards)), np.arange(1001))
     assert max(len(s) for s in shards) - min(len(s) for s in shards) <= 1
+
+
+def test_a_parquet_label_says_its_task_only_when_it_is_unambiguous(tmp_path):
+    """Integer (or string) labels are classes; float labels may be either, so they must say:
+    a float target with 10,000 distinct values is not a 10,000-class problem."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pytest
+
+    from orchestrator.data.datasets import data_facts, load_dataset
+    from orchestrator.errors import ConfigError
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 3))
+    pq.write_table(pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2],
+                             "kind": rng.integers(0, 4, 200), "price": x.sum(1) * 100.0}),
+                   tmp_path / "t.parquet")
+    path = str(tmp_path / "t.parquet")
+    facts = data_facts(DataConfig(name="parquet", path=path, label="kind"))
+    assert (facts.features, facts.outputs, facts.task) == (4, 4, "classification")
+    with pytest.raises(ConfigError, match="data.task: the label column 'price' holds double"):
+        data_facts(DataConfig(name="parquet", path=path, label="price"))
+    regression = DataConfig(name="parquet", path=path, label="price", task="regression")
+    assert data_facts(regression).outputs == 1
+    data = load_dataset(regression, seed=0)
+    assert data.task == "regression" and data.num_classes == 0 and data.y_train.dtype == np.float32
+    assert np.allclose(np.sort(np.concatenate([data.y_train, data.y_test])),
+                       np.sort(x.sum(1) * 100.0), atol=1e-3)  # the values, not class ids

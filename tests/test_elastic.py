@@ -11,8 +11,16 @@ import pytest
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
 from scripts.local_cluster import node_of
-from tests.conftest import add_node, run_cli, start_head, stop_head
-from tests.test_faults import read_record, start_run, wait_for
+from tests.conftest import (
+    add_node,
+    read_record,
+    run_cli,
+    start_head,
+    start_run,
+    stop_cluster,
+    stop_head,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +31,7 @@ def two_node_cluster(tmp_path_factory):
     yield head, tmp, nodes
     for proc in nodes:
         stop_head(proc)
-    stop_head(head.process)
+    stop_cluster(head)
 
 
 def nodes_up(head, tmp, nodes: list, count: int = 2) -> None:
@@ -46,8 +54,8 @@ def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node
               "trainer.fn=tests.user_trainers:paced_ddp"]
     proc = start_run(tmp_path / "elastic", *common, f"storage.uri={tmp_path / 'ckpt'}",
                      "cluster.min_workers=2", "cluster.resize_check_s=5", "run.name=elastic")
-    wait_for(lambda r: r.get("steps", 0) > 100 and len(r.get("workers", [])) == 4,
-             tmp_path / "elastic")
+    wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 4,
+             tmp_path / "elastic")  # a 4-way sharded checkpoint to shrink from
     os.killpg(nodes[0].pid, signal.SIGKILL)  # the node and its workers vanish at once
     wait_for(lambda r: any(w["size"] == 2 for w in r.get("world_sizes", [])), tmp_path / "elastic")
     nodes.append(add_node(head, tmp, num_cpus=2))  # room for two more workers

@@ -22,12 +22,6 @@ def spec_for(server, prefix: str, create_bucket: bool = True) -> StorageSpec:
                        Credentials(server.access_key, server.secret_key), create_bucket)
 
 
-@pytest.fixture(scope="module")
-def bucket(s3_server):
-    s3_server.filesystem().create_dir("ckpt-tests")
-    return "ckpt-tests"
-
-
 def s3_env(server) -> dict:
     return {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
 
@@ -124,40 +118,8 @@ def test_cli_malformed_uri(tmp_path, s3_server, uri):
     assert_input_error(result, "storage.uri")
 
 
-# -- every trainer, end to end on real Ray, checkpointing to S3 ------------------------------
-
-TRAINER_RUNS = {
-    "ddp": ["trainer.max_steps=40"],
-    "mwms": ["trainer.max_steps=40"],
-    "xgboost": ["trainer.num_boost_round=20"],
-    "lightgbm": ["trainer.num_boost_round=20"],
-}
-
-
-@pytest.mark.parametrize("trainer", sorted(TRAINER_RUNS))
-def test_every_trainer_round_trips_through_s3(ray_head, s3_server, bucket, tmp_path, trainer):
-    common = [f"cluster.address={ray_head.address}", "storage=s3",
-              "storage.uri=s3://ckpt-tests/e2e", f"storage.endpoint={s3_server.endpoint}",
-              f"trainer={trainer}", "checkpoint.every_steps=10", f"run.name={trainer}-s3"]
-    first = run_cli(tmp_path / "a", *common, *TRAINER_RUNS[trainer], env=s3_env(s3_server))
-    assert first.returncode == 0, first.output[-4000:]
-    rec = first.record
-    assert rec["checkpoints"][-1]["uri"].startswith(f"s3://ckpt-tests/e2e/{trainer}-s3/step_")
-    assert all(c["bytes"] > 0 and c["upload_s"] > 0 for c in rec["checkpoints"])
-
-    # The same command again reads the final checkpoint back from S3 (a completed run).
-    again = run_cli(tmp_path / "b", *common, *TRAINER_RUNS[trainer], env=s3_env(s3_server))
-    assert again.returncode == 0, again.output[-4000:]
-    assert again.record["resumed_from_step"] == rec["steps"]
-    assert again.record["metrics"] == rec["metrics"]
-
-    # The secret key string is in no file the runs wrote, nor in what they printed.
-    for run_dir in (tmp_path / "a", tmp_path / "b"):
-        for path in run_dir.rglob("*"):
-            if path.is_file():
-                assert s3_server.secret_key.encode() not in path.read_bytes(), path
-    assert s3_server.secret_key not in first.output + again.output
-
+# -- the training functions on real Ray, checkpointing to S3 (the built-in trainers: see
+# tests/test_trainers_e2e.py) ----------------------------------------------------------------
 
 def test_a_users_loop_commits_every_ranks_files_to_s3_and_skips_a_corrupt_one(
         ray_head, s3_server, bucket, tmp_path):
@@ -196,14 +158,25 @@ def test_a_users_loop_commits_every_ranks_files_to_s3_and_skips_a_corrupt_one(
                for w in rec["warnings"]), rec["warnings"]
 
 
-def sharded_model(store: CheckpointStore, tmp_path, name: str) -> dict:
-    """The newest checkpoint's FSDP shards, downloaded and joined by DCP itself."""
+def sharded_state(store: CheckpointStore, tmp_path, name: str) -> dict:
+    """The newest checkpoint's FSDP shards (model and optimizer), downloaded and joined by
+    DCP itself, flattened to {"model.0.weight": tensor, "optimizer.state.0.weight.exp_avg": ...}."""
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     folder = store.fetch(store.latest(), tmp_path / name)
     dcp_to_torch_save(folder / "dcp", tmp_path / f"{name}.pt")
-    return torch.load(tmp_path / f"{name}.pt", weights_only=False)["model"]
+    flat = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        else:
+            flat[prefix] = value
+
+    walk("", torch.load(tmp_path / f"{name}.pt", weights_only=False))
+    return flat
 
 
 def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
@@ -216,7 +189,7 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
     import os
     import signal
 
-    from tests.test_faults import read_record, start_run
+    from tests.conftest import read_record, start_run
 
     common = ["trainer=fsdp", f"cluster.address={ray_head.address}", "storage=s3",
               "storage.uri=s3://ckpt-tests/fsdp", f"storage.endpoint={s3_server.endpoint}",
@@ -244,6 +217,8 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
 
     straight = run_cli(tmp_path / "straight", *common, "run.name=straight", env=s3_env(s3_server))
     assert straight.returncode == 0, straight.output[-4000:]
-    a = sharded_model(store, tmp_path, "killed")
-    b = sharded_model(CheckpointStore(spec_for(s3_server, "fsdp/straight")), tmp_path, "straight")
-    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a), "resumed shards differ"
+    a = sharded_state(store, tmp_path, "killed")
+    b = sharded_state(CheckpointStore(spec_for(s3_server, "fsdp/straight")), tmp_path, "straight")
+    assert a.keys() == b.keys() and any(k.startswith("optimizer.state") for k in a)
+    differ = [k for k in a if not (a[k].equal(b[k]) if hasattr(a[k], "equal") else a[k] == b[k])]
+    assert not differ, f"the resumed run's shards differ: {differ[:5]}"

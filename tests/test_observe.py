@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.observe.curves import Curves
 from orchestrator.observe.progress import ProgressState, bar_line, clock, progress_line
 from orchestrator.observe.rate import Rate
 from orchestrator.record import RunRecord
-from tests.conftest import REPO, cli_command, cli_env, free_port, run_cli
-from tests.test_faults import read_record, wait_for
+from orchestrator.storage import StorageSpec
+from tests.conftest import REPO, cli_command, cli_env, free_port, read_record, run_cli, wait_for
 
 # Ray's own lines that used to fill the terminal (see NOTES.md), by the patterns they carry.
 RAY_NOISE = [r"\(RayTrainWorker pid=\d+", r"\(TrainController pid=\d+", r"PlacementGroupCleaner",
@@ -197,6 +198,17 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
     output = out_path.read_text()
     rec = read_record(run_dir)
     assert rec["status"] == "succeeded" and rec["restarts"] == 1
+
+    # The default job (DDP on digits, 2 workers, an embedded Ray): trained, every checkpoint
+    # committed, the newest 3 kept (checkpoint.keep).
+    assert rec["trainer"] == "ddp" and [w["size"] for w in rec["world_sizes"]] == [2, 2]
+    assert rec["steps"] == 150 * (1437 // 64) and rec["metrics"]["test_accuracy"] > 0.9
+    assert rec["samples_per_s"] > 0 and rec["time_to_first_step_s"] > 0
+    kept = CheckpointStore(StorageSpec(str(tmp_path / "ckpt" / rec["run_name"]))).committed()
+    assert [r.step for r in kept] == [c["step"] for c in rec["checkpoints"]][-3:]
+    assert kept[-1].step == rec["steps"]
+    assert f"Ray dashboard: http://127.0.0.1:{dash}" in output and "test_accuracy=" in output
+    assert str(run_dir / "run.json") in output
 
     # Metrics: every series, tagged by run and trainer, with sane values.
     assert seen.get("ray_orchestrator_restarts") == 1, f"the restart never showed: {seen}\n{output}"

@@ -15,8 +15,7 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from tests.conftest import run_cli, user_project
-from tests.test_faults import read_record, start_run, wait_for
+from tests.conftest import read_record, run_cli, start_run, user_project, wait_for
 
 pytestmark = pytest.mark.slow
 BATCH, MICRO, STEPS = 64, 8, 300
