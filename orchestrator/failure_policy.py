@@ -17,6 +17,7 @@ class WorkerError:
     kind: str  # exception type name
     message: str  # its first line
     traceback: str
+    pid: int | None = None  # the worker process: which worker group it belonged to
 
     def same_failure(self, other: WorkerError) -> bool:
         return (self.step, self.kind, self.message) == (other.step, other.kind, other.message)

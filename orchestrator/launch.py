@@ -22,7 +22,8 @@ from orchestrator.ray_session import RaySession
 from orchestrator.record import RunRecord, redact
 from orchestrator.recorder import FaultReporter, start_recorder
 from orchestrator.run_plan import complete_data, make_plan
-from orchestrator.scaling import scaling_kwargs
+from orchestrator.scaling import elastic_controller_env, scaling_kwargs
+from orchestrator.storage_probe import check_cluster_storage
 from orchestrator.training_function import check_training
 from orchestrator.worker import WorkerSpec, train_loop_per_worker
 
@@ -52,8 +53,15 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     record_path = output_dir / "run.json"
     tensorboard_dir = output_dir / "tensorboard" if cfg.log.tensorboard else None
     try:
-        with RaySession(cfg.cluster, controller_env(cfg.failure.hang_timeout_s, training.backend),
-                        cfg.log.ray_verbose) as session:
+        # An elastic job gives up on a placement group Ray's stale view promised after the hang
+        # timeout, not 60 s (orchestrator/scaling.py: a partitioned node's CPUs look free).
+        env = {**controller_env(cfg.failure.hang_timeout_s, training.backend),
+               **elastic_controller_env(cfg.cluster, cfg.failure.hang_timeout_s)}
+        with RaySession(cfg.cluster, env, cfg.log.ray_verbose) as session:
+            # Shared storage (orchestrator/storage_probe.py): on a joined cluster every node
+            # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
+            # the marker lets each worker check its own node, nodes joining later included.
+            storage_marker = check_cluster_storage(plan, joined=session.joined)
             if session.dashboard_url:
                 log.info("Ray dashboard: %s (%s)", session.dashboard_url,
                          session.dashboard_token_hint())
@@ -86,7 +94,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             )
             ray_trainer = DataParallelTrainer(
                 train_loop_per_worker,
-                train_loop_config={"spec": spec},
+                train_loop_config={"spec": spec, "storage_marker": storage_marker},
                 backend_config=training.backend.ray_config(cfg.failure.hang_timeout_s,
                                                            cfg.cluster.gpus_per_worker > 0),
                 scaling_config=scaling,

@@ -62,6 +62,7 @@ class RunRecord:
     _steady_from: tuple[float, int] | None = None  # (time, samples) at the group's first step
     _errors: list = field(default_factory=list)  # (worker group index, WorkerError)
     _group: int = 0  # worker groups seen so far (the first worker of each one counts it)
+    _group_of_pid: dict = field(default_factory=dict)  # worker pid -> its group
     _preempted_since_start: bool = False
 
     # -- events ------------------------------------------------------------------------
@@ -122,13 +123,17 @@ class RunRecord:
             self._group += 1
         self.workers = sorted([*self.workers, {"rank": rank, "pid": pid, "node": node}],
                               key=lambda w: w["rank"])
+        self._group_of_pid[pid] = self._group
 
     def worker_error(self, error: WorkerError) -> Verdict:
         # One earlier error per worker group that failed alike: ranks of one group often fail
-        # together, and a repeat is counted in attempts, not in ranks.
-        alike = {group: e for group, e in self._errors if group < self._group and e.same_failure(error)}
+        # together, and a repeat is counted in attempts, not in ranks. A report can arrive
+        # late: a worker cut off by a partition tells of its failure when the link comes back,
+        # after its group was replaced; it is compared with the groups before its own.
+        group = self._group_of_pid.get(error.pid, self._group)
+        alike = {g: e for g, e in self._errors if g < group and e.same_failure(error)}
         verdict = classify(list(alike.values()), error)
-        self._errors.append((self._group, error))
+        self._errors.append((group, error))
         self.failures.append({"rank": error.rank, "step": error.step, "error": error.kind,
                               "message": error.message, "decision": verdict.reason})
         if verdict.permanent and self.permanent_error is None:  # the first one is the cause

@@ -24,6 +24,7 @@ class RunPlan:
     run_storage: StorageSpec  # this run's checkpoint folder
     resume_source: StorageSpec | None  # resume=<uri>
     resume_step: int | None  # the step the run will start from, if not 0
+    created_bucket: bool = False  # made by make_plan: removed again if a later check refuses
 
 
 def derive_run_name(trainer: dict, data: dict, seed: int) -> str:
@@ -86,4 +87,4 @@ def make_plan(cfg: Config, trainer: dict, data: dict) -> RunPlan:
         check_parquet(cfg.data, storage)
     if bucket_missing:  # every check passed: only now is anything written
         create_bucket(storage)
-    return RunPlan(name, run_storage, source, step)
+    return RunPlan(name, run_storage, source, step, created_bucket=bucket_missing)

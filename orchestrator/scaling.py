@@ -35,3 +35,15 @@ def scaling_kwargs(cluster: ClusterConfig, cluster_cpus: float) -> dict:
     if elastic:
         kwargs["elastic_resize_monitor_interval_s"] = cluster.resize_check_s
     return kwargs
+
+
+def elastic_controller_env(cluster: ClusterConfig, hang_timeout_s: float) -> dict[str, str]:
+    """Ray Train's controller knobs for an elastic job. Its elastic policy sizes a new worker
+    group from a view of the cluster that still counts a silent (partitioned) node's CPUs as
+    free, then waits up to RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s) for a placement group
+    that cannot be placed before it tries a smaller size. A placement group with room is ready
+    in milliseconds, so an elastic job gives up after failure.hang_timeout_s instead; a fixed
+    size has no smaller size to try and keeps Ray's wait."""
+    if cluster.min_workers is None or cluster.min_workers >= cluster.workers:
+        return {}
+    return {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(hang_timeout_s)}

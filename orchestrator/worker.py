@@ -28,6 +28,7 @@ from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.errors import cause_of, one_line
 from orchestrator.failure_policy import WorkerError
 from orchestrator.storage import StorageSpec
+from orchestrator.storage_probe import check_worker_node
 from orchestrator.training_function import import_function
 from orchestrator.worker_api import WorkerContext
 
@@ -137,6 +138,9 @@ def train_loop_per_worker(config: dict) -> None:
     workdir = Path(tempfile.mkdtemp(prefix=f"orchestrator-rank{rank}-"))
     ctx: WorkerContext | None = None
     try:  # an exception from the training code is recorded, then re-raised
+        # Shared storage (orchestrator/storage_probe.py): this node must see the run's folder
+        # as the driver does (a node that joined after the driver's check fails here, clearly).
+        check_worker_node(config.get("storage_marker"))
         fn = import_function(spec.fn)
         start = start_point(spec, rank, RayCollective(), workdir)
         devices = [int(g) for g in ray.get_gpu_ids()]
@@ -148,7 +152,7 @@ def train_loop_per_worker(config: dict) -> None:
         step = ctx._step if ctx is not None else 0
         cause = cause_of(exc)
         error = WorkerError(rank, step, type(cause).__name__, one_line(cause)[:300],
-                            traceback.format_exc())
+                            traceback.format_exc(), pid=os.getpid())
         ray.get(spec.recorder.worker_error.remote(error))
         raise
     finally:

@@ -51,8 +51,12 @@ def weed_binary() -> str:
 
 class SeaweedS3:
     def __init__(self, data_dir: Path, access_key: str | None = None, secret_key: str | None = None,
-                 s3_port: int | None = None):
+                 s3_port: int | None = None, host: str = "127.0.0.1", bind: str | None = None,
+                 command_prefix: tuple[str, ...] = ()):
+        """host: the address it advertises (and clients use); bind: where it listens (host by
+        default); command_prefix: run it elsewhere, e.g. inside a test host's namespaces."""
         self.data_dir = Path(data_dir)
+        self.host, self.bind, self.command_prefix = host, bind or host, tuple(command_prefix)
         self.access_key = access_key or "dev" + secrets.token_hex(6)
         self.secret_key = secret_key or secrets.token_hex(20)
         self.s3_port = s3_port or free_port_pair()
@@ -61,7 +65,7 @@ class SeaweedS3:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.s3_port}"
+        return f"http://{self.host}:{self.s3_port}"
 
     def filesystem(self, **kwargs) -> pafs.S3FileSystem:
         return pafs.S3FileSystem(endpoint_override=self.endpoint, scheme="http",
@@ -80,8 +84,9 @@ class SeaweedS3:
         identities.chmod(0o600)
         log = open(self.data_dir / "weed.log", "ab")
         self.process = subprocess.Popen(
-            [weed_binary(), "server", f"-dir={self.data_dir}", "-s3", f"-s3.port={self.s3_port}",
-             f"-s3.config={identities}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            [*self.command_prefix, weed_binary(), "server", f"-dir={self.data_dir}", "-s3",
+             f"-s3.port={self.s3_port}", f"-s3.config={identities}", f"-ip={self.host}",
+             f"-ip.bind={self.bind}",
              f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
              f"-filer.port={self.ports['filer']}", "-master.volumeSizeLimitMB=256",
              "-volume.max=16"],

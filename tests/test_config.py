@@ -23,6 +23,7 @@ GROUP_OPTIONS = {
 )
 def test_every_option_composes_and_types(override):
     extra = {"data=parquet": ["data.path=/some/file.parquet"],
+             "storage=s3": ["storage.uri=s3://bucket/prefix"],
              "trainer=function": ["trainer.fn=tests.user_trainers:paced_ddp"],
              "data=torch": ["data.train._target_=mypkg.data.Train",
                             "data.eval._target_=mypkg.data.Eval"]}.get(override, [])

@@ -69,7 +69,18 @@ class StorageConfig:
 
     def __post_init__(self) -> None:
         require(self.uri.strip() != "", "storage.uri", self.uri, "a directory or a URI")
-        if self.uri.startswith("s3://"):
+        # The kind must mean what it says: storage=s3 with a forgotten `s3://` would otherwise
+        # write to a local folder named after the URI while the user believes it is in S3.
+        scheme = self.uri.split("://", 1)[0] if "://" in self.uri else None
+        if self.name == "s3":
+            require(scheme == "s3", "storage.uri", self.uri,
+                    "with storage=s3, an s3://bucket/prefix URI (for a directory, use "
+                    "storage=local)")
+        elif self.name == "local":
+            require(scheme != "s3", "storage.uri", self.uri,
+                    "with storage=local, a directory (for object storage, use storage=s3, "
+                    "which has its endpoint, region and bucket settings)")
+        if scheme == "s3":
             from orchestrator.storage import check_s3_uri
 
             check_s3_uri(self.uri)

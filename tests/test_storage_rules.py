@@ -1,0 +1,111 @@
+"""Storage rules without Ray: the storage kind must match its URI, and the decisions and
+checks behind "every node must see the checkpoints" (orchestrator/storage_probe.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.cli import CONF_DIR
+from orchestrator.config.preflight import check_command_line
+from orchestrator.errors import ConfigError
+from orchestrator.storage import StorageSpec
+from orchestrator.storage_probe import (
+    MARKER,
+    PROBE_PREFIX,
+    StorageMarker,
+    StorageNotShared,
+    check_worker_node,
+    judge,
+    leave_marker,
+    probe_path,
+    reads_back,
+)
+from tests.conftest import REPO, run_cli
+from tests.test_config import assert_input_error
+
+
+@pytest.mark.parametrize("overrides, allowed", [
+    (["storage=s3", "storage.uri=not-a-uri"], "with storage=s3, an s3://bucket/prefix URI"),
+    (["storage=s3"], "with storage=s3"),  # the group's uri is required, not ./checkpoints
+    (["storage=s3", "storage.uri=/data/ckpt"], "with storage=s3"),
+    (["storage=s3", "storage.uri=gs://bucket/x"], "with storage=s3"),
+    (["storage.uri=s3://bucket/x"], "with storage=local, a directory"),
+])
+def test_the_storage_kind_must_match_the_uri(overrides, allowed):
+    with pytest.raises(ConfigError) as err:
+        check_command_line(overrides, CONF_DIR)
+    assert "storage.uri=" in str(err.value) and allowed in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["storage=s3", "storage.uri=s3://bucket/prefix"],
+    ["storage.uri=/data/ckpt"],
+    ["storage.uri=file:///data/ckpt"],
+    ["storage.uri=relative/dir"],
+])
+def test_matching_kinds_pass(overrides):
+    assert check_command_line(overrides, CONF_DIR) == 1
+
+
+def test_cli_storage_s3_without_an_s3_uri_writes_nothing(tmp_path):
+    """The command a user with a forgotten `s3://` types: one line, exit 2, and no local
+    folder named after the URI (it used to train into ./not-a-uri and exit 0)."""
+    result = run_cli(tmp_path / "run", "storage=s3", "storage.uri=not-a-uri", timeout=120,
+                     cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
+    assert_input_error(result, "storage.uri='not-a-uri'")
+    assert "storage=s3" in result.stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())  # no ./not-a-uri, no run dir
+
+
+# -- the shared-storage decision: a pure function of the nodes' answers -----------------------
+
+S3 = StorageSpec("s3://bucket/runs", "http://127.0.0.1:8333")
+LOCAL = StorageSpec("/data/ckpt")
+
+
+@pytest.mark.parametrize("storage, answers, refused", [
+    (LOCAL, {"10.0.0.1": None, "10.0.0.2": None}, None),
+    (LOCAL, {"10.0.0.1": None, "10.0.0.2": "no such file there"}, "storage.uri='/data/ckpt' is not shared"),
+    (LOCAL, {"10.0.0.1": None, "10.0.0.2": "no answer"}, None),  # checked when it runs a worker
+    (S3, {"10.0.0.1": None, "10.0.0.2": "nothing answers at http://127.0.0.1:8333"},
+     "storage.endpoint='http://127.0.0.1:8333' is not reachable from 1 of 2 nodes"),
+    (S3, {"10.0.0.1": None, "10.0.0.2": "another file there (not the driver's)"},
+     "storage.uri='s3://bucket/runs' is not shared"),
+])
+def test_the_nodes_answers_decide(storage, answers, refused):
+    if refused is None:
+        judge(storage, len(answers), answers)
+        return
+    with pytest.raises(ConfigError) as err:
+        judge(storage, len(answers), answers)
+    message = str(err.value)
+    assert refused in message and "\n" not in message
+    assert "10.0.0.2" in message and "10.0.0.1" not in message  # names the nodes that differ
+    if "not shared" in message:
+        assert "storage=s3" in message and "same path on every node" in message
+
+
+def test_the_probe_goes_in_the_nearest_existing_directory(tmp_path):
+    import pyarrow.fs as pafs
+
+    local = pafs.LocalFileSystem()
+    assert probe_path(local, str(tmp_path / "a" / "b"), "p") == str(tmp_path / "p")
+    assert probe_path(local, str(tmp_path), "p") == str(tmp_path / "p")
+    s3 = pafs.S3FileSystem(anonymous=True, region="us-east-1")
+    assert probe_path(s3, "bucket/runs/x", "p") == "bucket/runs/x/p"  # no folders to make
+
+
+def test_a_worker_on_a_node_without_the_marker_stops_with_the_reason(tmp_path):
+    run = StorageSpec(str(tmp_path / "ckpt" / "run"))
+    marker = leave_marker(run)
+    assert (tmp_path / "ckpt" / "run" / MARKER).read_bytes() == marker.content
+    check_worker_node(marker)  # this "node" sees it
+    check_worker_node(None)  # embedded Ray: nothing to check
+    other = StorageMarker(StorageSpec(str(tmp_path / "elsewhere")), marker.content)
+    with pytest.raises(StorageNotShared, match="does not see the run's storage .* no such file"):
+        check_worker_node(other)
+    impostor = StorageMarker(run, b"another driver's marker")
+    assert reads_back(run, str(tmp_path / "ckpt" / "run" / MARKER), impostor.content) == \
+        "another file there (not the driver's)"
+    assert not list(tmp_path.rglob(PROBE_PREFIX + "*"))
