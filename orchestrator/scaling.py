@@ -31,6 +31,7 @@ def scaling_kwargs(cluster: ClusterConfig, cluster_cpus: float) -> dict:
         "num_workers": (cluster.min_workers, cluster.workers) if elastic else cluster.workers,
         "use_gpu": cluster.gpus_per_worker > 0,
         "resources_per_worker": resources,
+        "placement_strategy": cluster.placement,
     }
     if elastic:
         kwargs["elastic_resize_monitor_interval_s"] = cluster.resize_check_s

@@ -62,6 +62,8 @@ def test_elastic_scaling_asks_for_a_range():
     kwargs = scaling_kwargs(ClusterConfig(workers=8, min_workers=2, resize_check_s=5), 2.0)
     assert kwargs["num_workers"] == (2, 8) and kwargs["elastic_resize_monitor_interval_s"] == 5
     assert scaling_kwargs(ClusterConfig(workers=3), 2.0)["num_workers"] == 3
+    assert scaling_kwargs(ClusterConfig(workers=3), 2.0)["placement_strategy"] == "PACK"
+    assert scaling_kwargs(ClusterConfig(placement="SPREAD"), 2.0)["placement_strategy"] == "SPREAD"
 
 
 def test_ranks_failing_alike_in_one_group_are_not_a_repeat():

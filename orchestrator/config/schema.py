@@ -15,6 +15,7 @@ from omegaconf import MISSING
 from orchestrator.errors import ConfigError
 
 RESUME_MODES = ("auto", "never")
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement strategies
 PROGRESS_MODES = ("auto", "bar", "lines", "off")
 
 
@@ -35,6 +36,9 @@ class ClusterConfig:
     dashboard: bool = True
     dashboard_port: int = 8265
     resize_check_s: float = 60.0  # how often an elastic job looks for room to grow
+    # How a job's workers are placed: PACK (as few nodes as fit: fast collectives) or SPREAD
+    # (over as many nodes as there are: a lost node takes fewer workers with it).
+    placement: str = "PACK"
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, "cluster.workers", self.workers, "an integer >= 1")
@@ -54,6 +58,8 @@ class ClusterConfig:
             require(self.num_cpus >= 1, "cluster.num_cpus", self.num_cpus, "null or an integer >= 1")
         require(self.resize_check_s > 0, "cluster.resize_check_s", self.resize_check_s,
                 "a number of seconds > 0")
+        require(self.placement in PLACEMENTS, "cluster.placement", self.placement,
+                "one of " + ", ".join(PLACEMENTS))
         if self.address is not None:
             require(self.address.strip() != "", "cluster.address", self.address,
                     "null (embedded Ray), 'auto' or host:port")
