@@ -23,7 +23,7 @@ def cpus_per_worker(cluster: ClusterConfig, cluster_cpus: float) -> float:
 
 def scaling_kwargs(cluster: ClusterConfig, cluster_cpus: float) -> dict:
     """Keyword arguments for ray.train.ScalingConfig."""
-    resources = {"CPU": cpus_per_worker(cluster, cluster_cpus)}
+    resources = {"CPU": cpus_per_worker(cluster, cluster_cpus), **cluster.resources}
     if cluster.gpus_per_worker:
         resources["GPU"] = cluster.gpus_per_worker
     elastic = cluster.min_workers is not None and cluster.min_workers < cluster.workers

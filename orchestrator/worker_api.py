@@ -42,6 +42,7 @@ import numpy as np
 from orchestrator.checkpoint.committer import Committed, Committer
 from orchestrator.checkpoint.policy import CheckpointPolicy
 from orchestrator.checkpoint.retry import Backoff
+from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.data.order import DataOrder, step_seed
 from orchestrator.observe.step_reports import StepReports
 from orchestrator.preemption_checks import PreemptionChecks
@@ -141,8 +142,6 @@ class WorkerContext:
         self._last_saved = start.step  # the resumed checkpoint needs no saving again
         self._batches: Batches | None = None
         self._dataset: Dataset | None = None
-        from orchestrator.checkpoint.store import CheckpointStore
-
         self._store = CheckpointStore(spec.run_storage)
         self._staging = start.staging
         self._committer = Committer(

@@ -6,6 +6,7 @@ Used by the test suite and scripts/chaos.py. Every process is stopped by its own
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -93,7 +94,7 @@ def node_env() -> dict:
 
 
 def add_node(head: RayHead, tmp: Path, num_cpus: int = 2, attempts: int = 3,
-             env: dict | None = None) -> subprocess.Popen:
+             env: dict | None = None, resources: dict | None = None) -> subprocess.Popen:
     """A worker node (its own raylet) joining the head; stop it like the head. On a loaded
     machine a raylet can miss its 30 s registration window (hard-coded in Ray 2.60): try again.
     ``env``: the node's own settings (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, say)."""
@@ -101,7 +102,8 @@ def add_node(head: RayHead, tmp: Path, num_cpus: int = 2, attempts: int = 3,
         log_path = tmp / f"ray-node-{time.time_ns()}.log"
         proc = subprocess.Popen(
             [RAY, "start", "--block", f"--address={head.address}", f"--num-cpus={num_cpus}",
-             "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
+             "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+             *([f"--resources={json.dumps(resources)}"] if resources else [])],
             stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env={**node_env(), **(env or {})},
             start_new_session=True,
         )

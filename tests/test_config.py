@@ -24,7 +24,7 @@ GROUP_OPTIONS = {
 def test_every_option_composes_and_types(override):
     extra = {"data=parquet": ["data.path=/some/file.parquet"],
              "storage=s3": ["storage.uri=s3://bucket/prefix"],
-             "trainer=function": ["trainer.fn=tests.user_trainers:paced_ddp"],
+             "trainer=function": ["trainer.fn=tests.user_trainers:fails_at_step_35"],
              "data=torch": ["data.train._target_=mypkg.data.Train",
                             "data.eval._target_=mypkg.data.Eval"]}.get(override, [])
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
@@ -43,6 +43,7 @@ def test_every_option_composes_and_types(override):
         (["cluster.workers=2", "cluster.min_workers=3"], "cluster.min_workers=3"),
         (["cluster.workers=abc"], "cluster.workers='abc'"),
         (["trainer.lr=fast"], "trainer.lr='fast'"),
+        (["trainer.batch_size=1.5x"], "trainer.batch_size='1.5x'"),
         (["foo.bar=1"], "foo"),
         (["+foo=1"], "foo"),
         (["+cluster.spare=1"], "cluster.spare"),
@@ -95,12 +96,11 @@ def assert_input_error(result, key: str, storage=None):
 @pytest.mark.parametrize(
     "overrides, key",
     [
+        # A group option, a check across keys, an unknown key: the CLI's path from Hydra's
+        # composition to one line and exit code 2 (every key's message is checked in-process
+        # by test_bad_overrides_name_the_key).
         (["trainer=tensorflowz"], "trainer="),
-        (["cluster.workers=0"], "cluster.workers"),
-        (["cluster.workers=-1"], "cluster.workers"),
         (["cluster.workers=2", "cluster.min_workers=4"], "cluster.min_workers"),
-        (["cluster.workers=two"], "cluster.workers"),
-        (["trainer.batch_size=1.5x"], "trainer.batch_size"),
         (["no_such_key=1"], "no_such_key"),
     ],
 )

@@ -1,10 +1,9 @@
-"""The DDP trainer end to end on real Ray: the default job, 4 workers, interrupt and resume."""
+"""The DDP trainer end to end on real Ray: 4 workers on a running cluster with a user's model,
+16 workers sharing two cores (the default job on an embedded Ray: tests/test_observe.py;
+interrupt and resume: tests/test_pytorch_trainer.py)."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from tests.conftest import REPO, cli_command, cli_env, run_cli
+from tests.conftest import run_cli
 
 DIGITS_TRAIN_ROWS = 1437  # 80% of scikit-learn's 1797 digits
 
@@ -49,42 +48,6 @@ def test_four_workers_on_a_running_cluster_with_a_users_model(ray_head, tmp_path
     # It joined the running head (its dashboard) instead of starting a Ray of its own.
     assert ray_head.dashboard.split("//")[1] in result.output
     assert "Started a local Ray" not in result.output
-
-
-@pytest.mark.slow
-def test_interrupted_run_resumes_where_it_stopped_and_ends_bit_identical(ray_head, tmp_path):
-    storage = tmp_path / "ckpt"
-    common = [f"cluster.address={ray_head.address}", f"storage.uri={storage}",
-              "trainer.epochs=200", "checkpoint.every_steps=100", "checkpoint.keep=0"]
-    total = 200 * (DIGITS_TRAIN_ROWS // 64)
-
-    # 1. Start, wait for the first committed checkpoint, then stop it as a user would (Ctrl-C).
-    first = subprocess.Popen(cli_command(tmp_path / "a1", *common, "run.name=stopped"), cwd=REPO,
-                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    store = CheckpointStore(StorageSpec(str(storage / "stopped")))
-    deadline = time.time() + 240
-    while store.latest() is None and first.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    first.send_signal(signal.SIGINT)
-    out, _ = first.communicate(timeout=120)
-    stopped_at = store.latest().step
-    assert 0 < stopped_at < total, f"the run was not stopped mid-way ({stopped_at}/{total})\n{out[-2000:]}"
-
-    # 2. The same command again resumes from that checkpoint and finishes.
-    resumed = run_cli(tmp_path / "a2", *common, "run.name=stopped")
-    rec = resumed.record
-    assert resumed.returncode == 0, resumed.output[-4000:]
-    assert rec["resumed_from_step"] == stopped_at and rec["world_sizes"][0]["step"] == stopped_at
-    assert rec["steps"] == total and f"resuming at step {stopped_at}" in resumed.output
-
-    # 3. It ends with exactly the parameters of a run that never stopped.
-    straight = run_cli(tmp_path / "b", *common, "run.name=straight")
-    assert straight.returncode == 0, straight.output[-4000:]
-    a, b = final_model(storage, "stopped"), final_model(storage, "straight")
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), f"{name} differs after resume"
-    assert rec["metrics"] == straight.record["metrics"]
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Elastic training on a real multi-node Ray cluster: a node dies, the job goes on smaller;
 room comes back, it grows again; the result does not depend on the sizes it ran at.
 
-The PyTorch job holds at a step while a gate file exists (tests/gated_trainer.py), so it
+The PyTorch job holds at a step while a gate file exists (tests/user_trainers.py), so it
 outlasts the shrink and the grow-back however fast the machine is, then finishes at once."""
 
 from __future__ import annotations
@@ -32,18 +32,24 @@ pytestmark = pytest.mark.slow
 def two_node_cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray-elastic")
     head = start_head(tmp, num_cpus=0)  # training workers live on the nodes
-    nodes = [add_node(head, tmp, num_cpus=2), add_node(head, tmp, num_cpus=2)]
+    nodes = [add_node(head, tmp, num_cpus=2, resources=NODE_RESOURCES) for _ in range(2)]
     yield head, tmp, nodes
     for proc in nodes:
         stop_head(proc)
     stop_cluster(head)
 
 
+# Every node also offers 2 of a resource per boosting job: each job's workers ask for 1, so a
+# node holds 2 workers of each job, whatever the other job does (CPUs alone would let the
+# first job to restart take a surviving node's every CPU).
+NODE_RESOURCES = {"xgboost": 2, "lightgbm": 2}
+
+
 def nodes_up(head, tmp, nodes: list, count: int = 2) -> None:
     """The tests share the module's cluster and kill nodes: bring it back to `count` nodes."""
     nodes[:] = [n for n in nodes if n.poll() is None]
     while len(nodes) < count:
-        nodes.append(add_node(head, tmp, num_cpus=2))
+        nodes.append(add_node(head, tmp, num_cpus=2, resources=NODE_RESOURCES))
 
 
 def kill_node_of(rec: dict, nodes: list):
@@ -66,7 +72,7 @@ def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node
     gate.write_text("hold")
     proc = start_run(tmp_path / "elastic", *common, "cluster.min_workers=2",
                      "cluster.resize_check_s=2", "run.name=elastic",
-                     "trainer.fn=tests.gated_trainer:gated_ddp", f"+trainer.gate={gate}",
+                     "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
                      "+trainer.hold_at=800")
     try:
         wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 4,
@@ -76,7 +82,7 @@ def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node
         wait_for(lambda r: [w["size"] for w in r.get("world_sizes", [])][-1:] == [2] and
                  max(c["step"] for c in r["checkpoints"]) > r["world_sizes"][-1]["step"],
                  tmp_path / "elastic")
-        nodes.append(add_node(head, tmp, num_cpus=2))  # room for two more workers
+        nodes.append(add_node(head, tmp, num_cpus=2, resources=NODE_RESOURCES))  # room for 2 more
         wait_for(lambda r: [w["size"] for w in r["world_sizes"]][-1:] == [4] and
                  len(r["world_sizes"]) == 3, tmp_path / "elastic")
     finally:
@@ -110,15 +116,16 @@ BOOSTING_TOLERANCE = 0.005
 
 
 def test_boosting_goes_on_with_its_data_resharded_over_the_workers_left(two_node_cluster, tmp_path):
-    """XGBoost and LightGBM at once, each 4 workers spread over both nodes (SPREAD): a node
-    killed takes 2 workers of each, and both go on at 2 from their newest checkpoint."""
+    """XGBoost and LightGBM at once, each 4 workers spread over both nodes (SPREAD, and a node
+    holds 2 of each job's workers): a node killed takes 2 workers of each, and both go on at 2
+    from their newest checkpoint."""
     head, tmp, nodes = two_node_cluster
     nodes_up(head, tmp, nodes)
     trainers = ("xgboost", "lightgbm")
 
     def common(trainer: str) -> list[str]:
         return [f"cluster.address={head.address}", f"storage.uri={tmp_path / trainer}",
-                f"trainer={trainer}", *BOOSTING]
+                f"trainer={trainer}", f"+cluster.resources.{trainer}=1", *BOOSTING]
 
     fixed = {t: start_run(tmp_path / f"fixed-{t}", *common(t), "run.name=fixed") for t in trainers}
     for trainer, proc in fixed.items():  # 4 workers throughout

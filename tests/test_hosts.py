@@ -36,7 +36,7 @@ HEALTH = {"health_check_period_ms": 1000, "health_check_timeout_ms": 2000,
 BUCKET = "hosts"
 # The DDP default job (digits, 880 steps of >= 8 ms), held at step 700 while the test's gate
 # file exists: however fast or slow the machine, it never ends before the faults are done.
-JOB = ["trainer.fn=tests.gated_trainer:gated_ddp", "trainer.epochs=40", "+trainer.hold_at=700",
+JOB = ["trainer.fn=tests.user_trainers:gated_ddp", "trainer.epochs=40", "+trainer.hold_at=700",
        "checkpoint.every_steps=100", "cluster.cpus_per_worker=1", "failure.hang_timeout_s=10",
        "log.progress_every_s=5"]
 

@@ -181,7 +181,7 @@ def sharded_state(store: CheckpointStore, tmp_path, name: str) -> dict:
 
 def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
         ray_head, s3_server, bucket, tmp_path):
-    """FSDP on 2 workers, each rank's shard of a 34M-parameter MLP (~136 MB with momentum)
+    """FSDP on 2 workers, each rank's shard of a 17M-parameter MLP (~68 MB with momentum)
     uploaded to S3: rank 1 killed while it uploads step 20's shard, so step 20 is never the
     latest and the restart resumes from step 10; the run then ends with the same parameters,
     bit for bit, as one that was never interrupted."""
@@ -193,7 +193,7 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
 
     common = ["trainer=fsdp", f"cluster.address={ray_head.address}", "storage=s3",
               "storage.uri=s3://ckpt-tests/fsdp", f"storage.endpoint={s3_server.endpoint}",
-              "trainer.model.hidden=[8192,4096]", "trainer.max_steps=30",
+              "trainer.model.hidden=[4096,4096]", "trainer.max_steps=30",
               "checkpoint.every_steps=10", "checkpoint.keep=0"]
     pattern = "/tmp/orchestrator-rank1-*/staging/step_000000020/dcp/__1_0.distcp"
     before = set(glob.glob(pattern))
@@ -213,7 +213,7 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
     manifest = store.read_manifest(store.latest())
     assert {n: e["rank"] for n, e in manifest["files"].items()} == {
         "dcp/.metadata": 0, "dcp/__0_0.distcp": 0, "dcp/__1_0.distcp": 1}
-    assert min(e["bytes"] for n, e in manifest["files"].items() if n.endswith(".distcp")) > 100 << 20
+    assert min(e["bytes"] for n, e in manifest["files"].items() if n.endswith(".distcp")) > 60 << 20
 
     straight = run_cli(tmp_path / "straight", *common, "run.name=straight", env=s3_env(s3_server))
     assert straight.returncode == 0, straight.output[-4000:]

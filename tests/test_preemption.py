@@ -46,31 +46,33 @@ NODE_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(DRAIN_DEADLINE_S)}
 
 @pytest.fixture(scope="module")
 def preemptible_cluster(tmp_path_factory):
-    """A head that runs no training worker, and one 2-CPU node the workers live on. Each test
-    preempts the node its workers run on and adds the replacement the next test uses."""
+    """A head that runs no training worker, and two 2-CPU nodes the workers live on: two jobs
+    at a time, each packed on a node of its own. Each test preempts the nodes its workers run
+    on and adds the replacements the next test uses."""
     tmp = tmp_path_factory.mktemp("ray-preemption")
     head = start_head(tmp, num_cpus=0)
-    nodes = [add_node(head, tmp, num_cpus=2, env=NODE_ENV)]
+    nodes = [add_node(head, tmp, num_cpus=2, env=NODE_ENV) for _ in range(2)]
     yield head, tmp, nodes
     for proc in nodes:
         stop_head(proc)
     stop_cluster(head)
 
 
-def start_job(head, tmp_path, job: list[str], cwd=None):
-    proc = start_run(tmp_path / "run", f"cluster.address={head.address}",
-                     f"storage.uri={tmp_path / 'ckpt'}", "checkpoint.every_steps=500",
-                     "checkpoint.keep=0",
-                     "cluster.cpus_per_worker=1", *job, **({"cwd": cwd} if cwd else {}))
-    rec = wait_for(lambda r: r.get("steps", 0) > 20 and len(r.get("workers", [])) == 2,
-                   tmp_path / "run")
-    return proc, rec
+def start_job(head, run_dir, job: list[str], cwd=None):
+    return start_run(run_dir, f"cluster.address={head.address}",
+                     f"storage.uri={run_dir.parent / 'ckpt'}", "checkpoint.every_steps=500",
+                     "checkpoint.keep=0", "cluster.cpus_per_worker=1", *job,
+                     **({"cwd": cwd} if cwd else {}))
 
 
-def finish(proc, tmp_path) -> tuple[dict, str]:
+def running(run_dir) -> dict:
+    return wait_for(lambda r: r.get("steps", 0) > 20 and len(r.get("workers", [])) == 2, run_dir)
+
+
+def finish(proc, run_dir) -> tuple[dict, str]:
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
-    return read_record(tmp_path / "run"), out
+    return read_record(run_dir), out
 
 
 def assert_saved_at_the_notice(rec: dict, out: str) -> dict:
@@ -87,26 +89,36 @@ def assert_saved_at_the_notice(rec: dict, out: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", list(JOBS))
+@pytest.mark.parametrize("pair", [("fsdp", "mwms"), ("xgboost", "lightgbm")])
 def test_sigterm_to_a_node_saves_before_the_deadline_and_loses_no_step(preemptible_cluster,
-                                                                       tmp_path, trainer):
+                                                                       tmp_path, pair):
+    """Two jobs at once, each on a node of its own: both nodes get SIGTERM (what a cloud does
+    to spot VMs: Ray drains them) and two new nodes come up."""
     head, tmp, nodes = preemptible_cluster
-    proc, rec = start_job(head, tmp_path, JOBS[trainer])
-    node = node_of(rec["workers"][0]["pid"], nodes)
-    assert node is not None and node is node_of(rec["workers"][1]["pid"], nodes)
-    nodes.remove(node)
-    node.send_signal(signal.SIGTERM)  # what a cloud does to a spot VM: Ray drains the node
-    nodes.append(add_node(head, tmp, num_cpus=2, env=NODE_ENV))  # the replacement capacity
+    procs = {trainer: start_job(head, tmp_path / trainer, JOBS[trainer]) for trainer in pair}
+    preempted = set()
     try:
-        rec, out = finish(proc, tmp_path)
+        for trainer in pair:
+            rec = running(tmp_path / trainer)
+            node = node_of(rec["workers"][0]["pid"], nodes)
+            assert node is not None and node is node_of(rec["workers"][1]["pid"], nodes)
+            preempted.add(node)
+        assert len(preempted) == 2, "the two jobs share a node"
+        for node in preempted:
+            nodes.remove(node)
+            node.send_signal(signal.SIGTERM)
+        nodes.extend(add_node(head, tmp, num_cpus=2, env=NODE_ENV) for _ in range(2))
+        finished = {trainer: finish(proc, tmp_path / trainer) for trainer, proc in procs.items()}
     finally:
-        stop_head(node)
-    notice = assert_saved_at_the_notice(rec, out)
-    assert notice["step"] < rec["steps"]  # the notice came in the middle of the run
-    if trainer == "fsdp":  # both ranks' shards are in the checkpoint taken at the notice
-        store = CheckpointStore(StorageSpec(rec["checkpoint_uri"]))
-        files = store.read_manifest(store.ref(notice["step"]))["files"]
-        assert {e["rank"] for n, e in files.items() if n.endswith(".distcp")} == {0, 1}, files
+        for node in preempted:
+            stop_head(node)
+    for trainer, (rec, out) in finished.items():
+        notice = assert_saved_at_the_notice(rec, out)
+        assert notice["step"] < rec["steps"]  # the notice came in the middle of the run
+        if trainer == "fsdp":  # both ranks' shards are in the checkpoint taken at the notice
+            store = CheckpointStore(StorageSpec(rec["checkpoint_uri"]))
+            files = store.read_manifest(store.ref(notice["step"]))["files"]
+            assert {e["rank"] for n, e in files.items() if n.endswith(".distcp")} == {0, 1}, files
 
 
 @pytest.mark.slow
@@ -115,7 +127,8 @@ def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_at_the_not
     """The notice reaches a user's own training function (ctx.should_preempt), which saves
     every rank's files at that step and returns; the restart loses no step."""
     head, tmp, nodes = preemptible_cluster
-    proc, rec = start_job(head, tmp_path, USER_FUNCTION, cwd=user_project(tmp_path))
+    proc = start_job(head, tmp_path / "run", USER_FUNCTION, cwd=user_project(tmp_path))
+    rec = running(tmp_path / "run")
     node_id = rec["workers"][0]["node"]
     drained = node_of(rec["workers"][0]["pid"], nodes)
     drain = subprocess.run(
@@ -123,10 +136,9 @@ def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_at_the_not
          "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot instance reclaimed",
          f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"],
         env=node_env(), capture_output=True, text=True, timeout=120)
-    assert drain.returncode == 0, drain.stdout + drain.stderr
-    nodes.append(add_node(head, tmp, num_cpus=2, env=NODE_ENV))  # the replacement capacity
+    assert drain.returncode == 0, drain.stdout + drain.stderr  # the other node has room
     try:
-        rec, out = finish(proc, tmp_path)
+        rec, out = finish(proc, tmp_path / "run")
     finally:
         # `ray drain-node` does not take the node away; the cloud would, at the deadline.
         nodes.remove(drained)

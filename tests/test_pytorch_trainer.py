@@ -1,6 +1,7 @@
 """The general PyTorch trainer on real Ray, with a user's own dataset and model (a copy of
 tests/user_project outside the repository): DataLoader processes, gradient accumulation,
-exact resume after a SIGKILL, and a resume at another world size seeing the same samples."""
+exact resume after a SIGKILL and after Ctrl-C (the same command again), and a resume at
+another world size seeing the same samples."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from tests.conftest import read_record, run_cli, start_run, user_project, wait_for
+from tests.conftest import run_cli, start_run, user_project, wait_for
 
 pytestmark = pytest.mark.slow
 BATCH, MICRO, STEPS = 64, 8, 300
@@ -60,7 +61,8 @@ def model_at(storage, run_name, step=None) -> dict[str, torch.Tensor]:
     return torch.load(io.BytesIO(store.load(ref)[0]["model.pt"]), weights_only=True)
 
 
-def test_killed_run_ends_bit_identical_and_a_resize_sees_the_same_samples(ray_head, tmp_path):
+def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_same_samples(
+        ray_head, tmp_path):
     project, storage = user_project(tmp_path), tmp_path / "ckpt"
     cluster = [f"cluster.address={ray_head.address}", "cluster.cpus_per_worker=0.5"]
     logs = {name: tmp_path / f"ids-{name}" for name in ("straight", "killed", "resized")}
@@ -75,18 +77,34 @@ def test_killed_run_ends_bit_identical_and_a_resize_sees_the_same_samples(ray_he
     assert all(len(ids) == BATCH and len(set(ids)) == BATCH for ids in reference.values())
 
     # 1. A worker SIGKILLed after the first checkpoint: the same world size resumes from it.
-    proc = start_run(tmp_path / "killed", *cluster, *job(logs["killed"], storage),
-                     "run.name=killed", cwd=project)
+    #    Then, held at step 250 (a gate) once step 200 is committed, the user stops the
+    #    command (Ctrl-C), and runs the same command again: it resumes at step 200.
+    gate = tmp_path / "gate"
+    gate.write_text("hold")
+    killed = [*cluster, *job(logs["killed"], storage), "run.name=killed",
+              "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
+              "+trainer.hold_at=250"]
+    proc = start_run(tmp_path / "killed", *killed, cwd=project)
     rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2,
                    tmp_path / "killed")
     os.kill(rec["workers"][1]["pid"], signal.SIGKILL)
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-4000:]
-    rec = read_record(tmp_path / "killed")
-    assert rec["restarts"] == 1 and [w["size"] for w in rec["world_sizes"]] == [2, 2]
-    assert ids_per_step(logs["killed"], rec) == reference
+    first = wait_for(lambda r: r.get("restarts") == 1 and r.get("steps", 0) >= 249 and
+                     200 in [c["step"] for c in r["checkpoints"]], tmp_path / "killed")
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "the newest committed checkpoint is kept for a resume" in out
+    gate.unlink()
+    again = run_cli(tmp_path / "killed-again", *killed, cwd=project)
+    assert again.returncode == 0, again.output[-4000:]
+    rec = again.record
+    assert rec["resumed_from_step"] == 200 and "resuming at step 200" in again.output
+    assert [w["size"] for w in first["world_sizes"]] == [2, 2] and first["world_sizes"][1]["step"] == 100
+    both = {"world_sizes": first["world_sizes"] + rec["world_sizes"]}
+    assert ids_per_step(logs["killed"], both) == reference
     a, b = model_at(storage, "killed"), model_at(storage, "straight")
     assert all(torch.equal(a[k], b[k]) for k in a), "the killed-and-resumed run differs"
+    assert rec["metrics"] == straight.record["metrics"]
 
     # 2. The killed run's checkpoint at step 100, resumed by one worker: 8 micro-batches a step
     # instead of 4, the same rows at every step, the same parameters up to float rounding.

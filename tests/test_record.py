@@ -64,6 +64,8 @@ def test_elastic_scaling_asks_for_a_range():
     assert scaling_kwargs(ClusterConfig(workers=3), 2.0)["num_workers"] == 3
     assert scaling_kwargs(ClusterConfig(workers=3), 2.0)["placement_strategy"] == "PACK"
     assert scaling_kwargs(ClusterConfig(placement="SPREAD"), 2.0)["placement_strategy"] == "SPREAD"
+    extra = scaling_kwargs(ClusterConfig(resources={"big_memory": 1.0}), 2.0)["resources_per_worker"]
+    assert extra == {"CPU": 1.0, "big_memory": 1.0}
 
 
 def test_ranks_failing_alike_in_one_group_are_not_a_repeat():

@@ -143,7 +143,7 @@ def test_a_training_function_that_cannot_be_called_is_refused(fn, message):
 
 @pytest.mark.parametrize("trainer, message", [
     ({"backend": "torch"}, "trainer.fn: a value is required"),
-    ({"fn": "tests.user_trainers:paced_ddp", "backend": "mpi"}, "trainer.backend='mpi' is not allowed: one of torch"),
+    ({"fn": "tests.user_trainers:fails_at_step_35", "backend": "mpi"}, "trainer.backend='mpi' is not allowed: one of torch"),
     ({"fn": "trainers.pytorch.train:main", "lr": -1.0}, "trainer.lr=-1.0 is not allowed: a number > 0"),
     ({"fn": "trainers.pytorch.train:main", "lr": "fast"}, "trainer.lr='fast' is not allowed: a number"),
     ({"fn": "trainers.pytorch.train:main", "colour": 1}, "trainer.colour: unknown key"),
@@ -160,5 +160,5 @@ def test_the_schemas_defaults_fill_in_and_a_plain_function_keeps_its_own_keys():
     ddp = check_training({"fn": "trainers.pytorch.train:main", "lr": 0.5, "model": model}, digits)
     assert ddp.config["lr"] == 0.5 and ddp.config["batch_size"] == 64
     assert ddp.backend.name == "torch" and ddp.info.step_unit == "step"
-    own = check_training({"fn": "tests.user_trainers:paced_ddp", "steps": 3, "anything": [1]})
-    assert own.config == {"fn": "tests.user_trainers:paced_ddp", "steps": 3, "anything": [1]}
+    own = check_training({"fn": "tests.user_trainers:fails_at_step_35", "steps": 3, "anything": [1]})
+    assert own.config == {"fn": "tests.user_trainers:fails_at_step_35", "steps": 3, "anything": [1]}

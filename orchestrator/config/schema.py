@@ -39,6 +39,9 @@ class ClusterConfig:
     # How a job's workers are placed: PACK (as few nodes as fit: fast collectives) or SPREAD
     # (over as many nodes as there are: a lost node takes fewer workers with it).
     placement: str = "PACK"
+    # Other Ray resources each worker asks for, beyond CPUs and GPUs: custom node resources
+    # (+cluster.resources.big_memory=1), accelerator types ({"accelerator_type:A100": 0.001}).
+    resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, "cluster.workers", self.workers, "an integer >= 1")
