@@ -132,8 +132,15 @@ def node_of(pid: int, nodes: list[subprocess.Popen]) -> subprocess.Popen | None:
 
 def stop_head(proc: subprocess.Popen) -> None:
     """SIGTERM makes `ray start --block` stop every process it started; ours only."""
-    if proc.poll() is None:
+    stop_nodes([proc])
+
+
+def stop_nodes(procs: list[subprocess.Popen]) -> None:
+    """Stop `ray start` nodes all at once (each takes seconds to drain and shut down)."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
         proc.send_signal(signal.SIGTERM)
+    for proc in running:
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:

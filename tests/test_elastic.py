@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from scripts.local_cluster import node_of
+from scripts.local_cluster import node_of, stop_nodes
 from tests.conftest import (
     add_node,
     read_record,
@@ -21,7 +21,6 @@ from tests.conftest import (
     start_head,
     start_run,
     stop_cluster,
-    stop_head,
     wait_for,
 )
 
@@ -34,8 +33,7 @@ def two_node_cluster(tmp_path_factory):
     head = start_head(tmp, num_cpus=0)  # training workers live on the nodes
     nodes = [add_node(head, tmp, num_cpus=2, resources=NODE_RESOURCES) for _ in range(2)]
     yield head, tmp, nodes
-    for proc in nodes:
-        stop_head(proc)
+    stop_nodes(nodes)
     stop_cluster(head)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from scripts.local_cluster import RAY, node_env, node_of
+from scripts.local_cluster import RAY, node_env, node_of, stop_nodes
 from tests.conftest import (
     add_node,
     read_record,
@@ -53,8 +53,7 @@ def preemptible_cluster(tmp_path_factory):
     head = start_head(tmp, num_cpus=0)
     nodes = [add_node(head, tmp, num_cpus=2, env=NODE_ENV) for _ in range(2)]
     yield head, tmp, nodes
-    for proc in nodes:
-        stop_head(proc)
+    stop_nodes(nodes)
     stop_cluster(head)
 
 
