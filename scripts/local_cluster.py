@@ -59,10 +59,20 @@ def stop_cluster(head: RayHead) -> None:
     it still names this head: a newer cluster's record is not ours to touch)."""
     stop_head(head.process)
     if (recorded_cluster() or "").strip() == head.address:
-        if head.recorded_before is None:
+        before = head.recorded_before
+        if before and answers(before.strip()):
+            CURRENT_CLUSTER.write_text(before)
+        else:  # nothing recorded before, or a cluster gone since: no stale record is left
             CURRENT_CLUSTER.unlink(missing_ok=True)
-        else:
-            CURRENT_CLUSTER.write_text(head.recorded_before)
+
+
+def answers(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def start_head(tmp: Path, num_cpus: int = 2) -> RayHead:
