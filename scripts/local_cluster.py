@@ -58,7 +58,9 @@ def stop_cluster(head: RayHead) -> None:
     """Stop a head started by start_head, and leave CURRENT_CLUSTER as it was before it (if
     it still names this head: a newer cluster's record is not ours to touch)."""
     stop_head(head.process)
-    if (recorded_cluster() or "").strip() == head.address:
+    # Ray records the GCS under the machine's own address (192.0.2.2:port) even for a head
+    # started on 127.0.0.1: the port, unique on this machine, tells it is this head.
+    if (recorded_cluster() or "").strip().rpartition(":")[2] == head.address.rpartition(":")[2]:
         before = head.recorded_before
         if before and answers(before.strip()):
             CURRENT_CLUSTER.write_text(before)

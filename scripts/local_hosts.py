@@ -33,6 +33,19 @@ PREFIX = "orh"
 ROOT_BASE = Path("/var/tmp")
 RAY = str(Path(sys.executable).with_name("ray"))
 REPO = Path(__file__).resolve().parent.parent
+
+
+def seen_under_tmp() -> list[Path]:
+    """The repository and the Python environment, relative to /tmp, where they lie under it."""
+    found = []
+    for path in sorted({REPO, Path(sys.prefix).resolve()}):
+        try:
+            rel = path.relative_to("/tmp")
+        except ValueError:
+            continue
+        if not any(rel.is_relative_to(other) for other in found):
+            found.append(rel)
+    return found
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
 # start_ray(health=...) sets the head's node health check, in Ray's own names (RAY_<name> in
@@ -177,8 +190,14 @@ class LocalHosts:
         # Mount and UTS namespaces of its own, held open by `sleep`; commands join them with
         # nsenter. Its hostname resolves to its address, as on a real cluster (gloo and
         # torch.distributed advertise the address their hostname resolves to).
+        # What lives under this machine's /tmp and every host must still see (a checkout and
+        # its virtualenv in /tmp, as a CI clone may be) is bound into the host's own /tmp
+        # first; --rbind carries those mounts along.
+        keep = "".join(f"mkdir -p {host.dir / 'tmp' / rel} && "
+                       f"mount --bind /tmp/{rel} {host.dir / 'tmp' / rel} && "
+                       for rel in seen_under_tmp())
         mounts = (f"hostname {host.netns} && mount --bind {self.root / 'hosts'} /etc/hosts && "
-                  f"mount --bind {host.dir / 'tmp'} /tmp && "
+                  f"{keep}mount --rbind {host.dir / 'tmp'} /tmp && "
                   f"mount --bind {host.dir / 'local'} {self.local_disk} && "
                   f"mount --bind {self.root / 'nfs'} {self.shared} && echo ready && exec sleep infinity")
         host.holder = subprocess.Popen(

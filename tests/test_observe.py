@@ -200,12 +200,13 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
     assert rec["status"] == "succeeded" and rec["restarts"] == 1
 
     # The default job (DDP on digits, 2 workers, an embedded Ray): trained, every checkpoint
-    # committed, the newest 3 kept (checkpoint.keep).
+    # committed, the newest 3 kept (checkpoint.keep) and the one the restart resumed from.
     assert rec["trainer"] == "ddp" and [w["size"] for w in rec["world_sizes"]] == [2, 2]
     assert rec["steps"] == 150 * (1437 // 64) and rec["metrics"]["test_accuracy"] > 0.9
     assert rec["samples_per_s"] > 0 and rec["time_to_first_step_s"] > 0
     kept = CheckpointStore(StorageSpec(str(tmp_path / "ckpt" / rec["run_name"]))).committed()
-    assert [r.step for r in kept] == [c["step"] for c in rec["checkpoints"]][-3:]
+    newest = [c["step"] for c in rec["checkpoints"]][-3:]
+    assert [r.step for r in kept] == sorted({rec["world_sizes"][1]["step"], *newest})
     assert kept[-1].step == rec["steps"]
     assert f"Ray dashboard: http://127.0.0.1:{dash}" in output and "test_accuracy=" in output
     assert str(run_dir / "run.json") in output

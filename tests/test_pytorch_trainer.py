@@ -16,7 +16,7 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from tests.conftest import run_cli, start_run, user_project, wait_for
+from tests.conftest import REPO, run_cli, start_run, user_project, wait_for
 
 pytestmark = pytest.mark.slow
 BATCH, MICRO, STEPS = 64, 8, 300
@@ -84,7 +84,10 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     killed = [*cluster, *job(logs["killed"], storage), "run.name=killed",
               "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
               "+trainer.hold_at=250"]
-    proc = start_run(tmp_path / "killed", *killed, cwd=project)
+    # The gate is a test function of this repository's (tests/user_trainers.py), next to the
+    # user's own package: the repository on the import path too.
+    repo = {"PYTHONPATH": str(REPO)}
+    proc = start_run(tmp_path / "killed", *killed, cwd=project, env=repo)
     rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2,
                    tmp_path / "killed")
     os.kill(rec["workers"][1]["pid"], signal.SIGKILL)
@@ -95,7 +98,7 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     assert proc.returncode == 130, out[-3000:]
     assert "the newest committed checkpoint is kept for a resume" in out
     gate.unlink()
-    again = run_cli(tmp_path / "killed-again", *killed, cwd=project)
+    again = run_cli(tmp_path / "killed-again", *killed, cwd=project, env=repo)
     assert again.returncode == 0, again.output[-4000:]
     rec = again.record
     assert rec["resumed_from_step"] == 200 and "resuming at step 200" in again.output
