@@ -394,14 +394,16 @@ def kill_namespace_processes(ns: str, timeout: float = 5, spare: set[int] = froz
         time.sleep(0.1)
 
 
-def leftovers() -> dict[str, list[str]]:
-    """What any instance left behind: namespaces, links, files."""
-    pattern = re.compile(rf"{PREFIX}\d+(h|v|br)\d*")
+def leftovers(tag: int | None = None) -> dict[str, list[str]]:
+    """What an instance (`tag`), or any instance, left behind: namespaces, links, files."""
+    number = rf"{tag}" if tag is not None else r"\d+"
+    pattern = re.compile(rf"{PREFIX}{number}(h|v|br)\d*")
     links = [line.split(":")[1].strip().split("@")[0]
              for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines()]
     return {"netns": [n for n in netns_names() if pattern.fullmatch(n)],
             "links": [link for link in links if pattern.fullmatch(link)],
-            "dirs": [str(p) for p in ROOT_BASE.glob(f"{PREFIX}*") if re.fullmatch(rf"{PREFIX}\d+", p.name)]}
+            "dirs": [str(p) for p in ROOT_BASE.glob(f"{PREFIX}*")
+                     if re.fullmatch(rf"{PREFIX}{number}", p.name)]}
 
 
 def remove_all() -> dict[str, list[str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +23,20 @@ from scripts.local_cluster import (  # noqa: F401  (re-exported for the test mod
 )
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The modules that take longest (minutes of clusters, faults and runs), started first so that
+# the two test streams (pytest-xdist, a module at a time) end together. The rest follow in order.
+SLOWEST_FIRST = ["test_elastic", "test_hosts", "test_preemption", "test_pytorch_trainer",
+                 "test_trainers_e2e", "test_object_storage", "test_examples", "test_sweep",
+                 "test_faults", "test_ddp_e2e", "test_observe", "test_config", "test_function_api"]
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.module.__name__.rpartition(".")[2]
+        return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+    items.sort(key=rank)  # stable: a module's tests keep their order
 
 
 @dataclass
@@ -64,10 +79,37 @@ def read_record(run_dir) -> dict:
         return {}
 
 
+_started: list[subprocess.Popen] = []
+
+
 def start_run(run_dir, *overrides, cwd=REPO, env=None) -> subprocess.Popen:
-    """The command, running: a test acts on it (kills, preempts) while it goes."""
-    return subprocess.Popen(cli_command(run_dir, *overrides), cwd=cwd, env=cli_env(env),
+    """The command, running: a test acts on it (kills, preempts) while it goes. Whatever the
+    test leaves running is stopped when it ends (stop_started_runs)."""
+    proc = subprocess.Popen(cli_command(run_dir, *overrides), cwd=cwd, env=cli_env(env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _started.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def stop_started_runs():
+    """A failed test's run must not outlive it: on a shared Ray head it would hold its workers'
+    CPUs, and every later test would wait for them. Ctrl-C first (the run stops its workers),
+    then SIGKILL (Ray removes a dead driver's actors)."""
+    yield
+    # The test modules import this file as tests.conftest, pytest as conftest: two modules.
+    from tests.conftest import _started as started
+
+    while started:
+        proc = started.pop()
+        if proc.poll() is not None:
+            continue
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
 
 
 def wait_for(predicate, run_dir, timeout=240):

@@ -17,7 +17,6 @@ from scripts.local_cluster import node_of, stop_nodes
 from tests.conftest import (
     add_node,
     read_record,
-    run_cli,
     start_head,
     start_run,
     stop_cluster,
@@ -58,15 +57,33 @@ def kill_node_of(rec: dict, nodes: list):
     return victim
 
 
-def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node_cluster, tmp_path):
+def reference(ray_head, run_dir, *overrides: str):
+    """The same job at a fixed size of 4, on the session's one-node cluster (4 workers of half
+    a CPU each, or less): it runs while the elastic one is put through its faults."""
+    return start_run(run_dir, f"cluster.address={ray_head.address}", *overrides,
+                     "run.name=fixed", "cluster.workers=4")
+
+
+def finished(proc, run_dir) -> dict:
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    rec = read_record(run_dir)
+    assert [w["size"] for w in rec["world_sizes"]] == [4]  # 4 workers throughout
+    return rec
+
+
+def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node_cluster, ray_head,
+                                                                        tmp_path):
     """FSDP: the state sharded 4 ways is resharded 2 ways from the newest checkpoint (DCP),
     then 4 ways again; the global batch, hence the result, does not depend on the sizes."""
     head, tmp, nodes = two_node_cluster
     nodes_up(head, tmp, nodes)
     gate = tmp_path / "gate"
+    job = ["trainer=fsdp", "trainer.epochs=100", "trainer.max_steps=1000",
+           "checkpoint.every_steps=200", "checkpoint.keep=0", f"storage.uri={tmp_path / 'ckpt'}"]
+    fixed = reference(ray_head, tmp_path / "fixed", *job, "cluster.cpus_per_worker=0.5")
     common = [f"cluster.address={head.address}", "cluster.workers=4", "cluster.cpus_per_worker=1",
-              "trainer=fsdp", "trainer.epochs=100", "trainer.max_steps=1000",
-              "checkpoint.every_steps=200", "checkpoint.keep=0", f"storage.uri={tmp_path / 'ckpt'}"]
+              *job]
     gate.write_text("hold")
     proc = start_run(tmp_path / "elastic", *common, "cluster.min_workers=2",
                      "cluster.resize_check_s=2", "run.name=elastic",
@@ -97,23 +114,21 @@ def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node
 
     # The same job at a fixed size of 4: the global batch and data order did not change with
     # the world size, so the result is the same within 1%.
-    fixed = run_cli(tmp_path / "fixed", *common, "run.name=fixed")
-    assert fixed.returncode == 0, fixed.output[-4000:]
-    a, b = rec["metrics"]["test_accuracy"], fixed.record["metrics"]["test_accuracy"]
+    a, b = rec["metrics"]["test_accuracy"], finished(fixed, tmp_path / "fixed")["metrics"]["test_accuracy"]
     assert abs(a - b) <= 0.01, (a, b)
 
 
 # Long enough that a node dies mid-run: both jobs share the 2 cores.
 BOOSTING = ["data=synthetic", "data.rows=50000", "trainer.num_boost_round=800",
-            "checkpoint.every_steps=100", "checkpoint.keep=0", "cluster.workers=4",
-            "cluster.cpus_per_worker=0.5", "cluster.placement=SPREAD"]
+            "checkpoint.every_steps=100", "checkpoint.keep=0", "cluster.workers=4"]
 # The same rows and rounds at any size; what changes with the sharding is where each worker's
 # sketch puts the histogram bins, so the trees after a resize differ a little. The test set
 # (10,000 rows) measures accuracy to about +-0.0016 (one standard error at 0.975).
 BOOSTING_TOLERANCE = 0.005
 
 
-def test_boosting_goes_on_with_its_data_resharded_over_the_workers_left(two_node_cluster, tmp_path):
+def test_boosting_goes_on_with_its_data_resharded_over_the_workers_left(two_node_cluster, ray_head,
+                                                                       tmp_path):
     """XGBoost and LightGBM at once, each 4 workers spread over both nodes (SPREAD, and a node
     holds 2 of each job's workers): a node killed takes 2 workers of each, and both go on at 2
     from their newest checkpoint."""
@@ -121,15 +136,15 @@ def test_boosting_goes_on_with_its_data_resharded_over_the_workers_left(two_node
     nodes_up(head, tmp, nodes)
     trainers = ("xgboost", "lightgbm")
 
-    def common(trainer: str) -> list[str]:
-        return [f"cluster.address={head.address}", f"storage.uri={tmp_path / trainer}",
-                f"trainer={trainer}", f"+cluster.resources.{trainer}=1", *BOOSTING]
+    def job(trainer: str) -> list[str]:
+        return [f"storage.uri={tmp_path / trainer}", f"trainer={trainer}", *BOOSTING]
 
-    fixed = {t: start_run(tmp_path / f"fixed-{t}", *common(t), "run.name=fixed") for t in trainers}
-    for trainer, proc in fixed.items():  # 4 workers throughout
-        out, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, out[-4000:]
-        assert [w["size"] for w in read_record(tmp_path / f"fixed-{trainer}")["world_sizes"]] == [4]
+    fixed = {t: reference(ray_head, tmp_path / f"fixed-{t}", *job(t), "cluster.cpus_per_worker=0.25")
+             for t in trainers}
+
+    def common(trainer: str) -> list[str]:
+        return [f"cluster.address={head.address}", *job(trainer), "cluster.cpus_per_worker=0.5",
+                f"+cluster.resources.{trainer}=1", "cluster.placement=SPREAD"]
 
     elastic = {t: start_run(tmp_path / f"elastic-{t}", *common(t), "cluster.min_workers=2",
                             "cluster.resize_check_s=2", "run.name=elastic") for t in trainers}
@@ -148,6 +163,6 @@ def test_boosting_goes_on_with_its_data_resharded_over_the_workers_left(two_node
         resumed_at = rec["world_sizes"][1]["step"]
         assert resumed_at > 0 and resumed_at in [c["step"] for c in rec["checkpoints"]]
         assert rec["steps"] == 800 and 0 <= rec["lost_steps"] <= 100  # one checkpoint interval
-        a, b = rec["metrics"], read_record(tmp_path / f"fixed-{trainer}")["metrics"]
+        a, b = rec["metrics"], finished(fixed[trainer], tmp_path / f"fixed-{trainer}")["metrics"]
         for name in ("test_accuracy", "test_auc"):
             assert abs(a[name] - b[name]) <= BOOSTING_TOLERANCE, (trainer, name, a[name], b[name])

@@ -114,9 +114,11 @@ def cluster(tmp_path_factory):
         keep_logs(hosts, tmp_path_factory.mktemp("hosts-logs"))
         if s3 is not None:
             s3.stop(kill=True)
+        tag = hosts.tag
         hosts.down()
-        # Pass or fail: no namespace, link, process or file of the test hosts is left.
-        assert leftovers() == {"netns": [], "links": [], "dirs": []}, leftovers()
+        # Pass or fail: no namespace, link, process or file of these test hosts is left (another
+        # instance, a crashed run's or a second checkout's, has a tag of its own).
+        assert leftovers(tag) == {"netns": [], "links": [], "dirs": []}, leftovers(tag)
         assert not hosts.root.exists()
 
 

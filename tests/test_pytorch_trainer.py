@@ -91,7 +91,8 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2,
                    tmp_path / "killed")
     os.kill(rec["workers"][1]["pid"], signal.SIGKILL)
-    first = wait_for(lambda r: r.get("restarts") == 1 and r.get("steps", 0) >= 249 and
+    # Step 200 committed after the restart: the run is at most at the gate (250), short of 300.
+    first = wait_for(lambda r: r.get("restarts") == 1 and
                      200 in [c["step"] for c in r["checkpoints"]], tmp_path / "killed")
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
