@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -104,6 +106,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             # workers must give their CPUs back to the next trials.
             without_unneeded_actors(ray_trainer,
                                     embedded=not session.joined and not session.reused)
+            interrupted_by_ctrl_c(ray_trainer)
             display = make_display(cfg.log.progress, training.info.step_unit,
                                    cfg.log.progress_every_s)
             with ProgressWatcher(snapshots(recorder), display):
@@ -148,6 +151,26 @@ def controller_env(hang_timeout_s: float, backend: Backend) -> dict[str, str]:
             "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S":
                 os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", POLL_INTERVAL_S),
             **backend.controller_env}
+
+
+def interrupted_by_ctrl_c(ray_trainer) -> None:
+    """Ray Train 2.60's own SIGINT handler aborts the controller and then exits the driver
+    (with code 1, nothing said, no record finished). Ours aborts it too, then raises
+    KeyboardInterrupt in fit(): the command says the newest checkpoint is kept, finishes the
+    run record and exits 130, as for a Ctrl-C at any other moment. A private hook, as above."""
+
+    def register(controller) -> None:
+        def on_sigint(signum, frame):
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: now
+            try:
+                ray.get(controller.abort.remote(), timeout=30)
+            except Exception:  # noqa: BLE001  (already gone, or not answering: the driver exits anyway)
+                pass
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, on_sigint)
+
+    ray_trainer._register_sigint_handler = register
 
 
 def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
@@ -208,6 +231,9 @@ def run_to_end(ray_trainer) -> tuple[int, str, str | None]:
     except KeyboardInterrupt:
         log.warning("interrupted; the newest committed checkpoint is kept for a resume")
         return 130, "failed", "interrupted (SIGINT)"
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     return 0, "succeeded", None
 
 

@@ -147,14 +147,26 @@ def stop_head(proc: subprocess.Popen) -> None:
     stop_nodes([proc])
 
 
+GRACE_S = 8
+
+
 def stop_nodes(procs: list[subprocess.Popen]) -> None:
     """Stop `ray start` nodes all at once (each takes seconds to drain and shut down)."""
     running = [p for p in procs if p.poll() is None]
     for proc in running:
         proc.send_signal(signal.SIGTERM)
+    # A node that ran jobs waits ~30 s for its idle workers before it exits; a test cluster
+    # has nothing to keep, so after GRACE_S its whole process group (raylet, GCS, workers:
+    # `ray start` ran in a session of its own) is killed.
+    deadline = time.time() + GRACE_S
     for proc in running:
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=max(0.1, deadline - time.time()))
         except subprocess.TimeoutExpired:
+            pass
+    for proc in running:
+        try:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        except ProcessLookupError:
+            pass
+        proc.wait()

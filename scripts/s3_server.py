@@ -89,7 +89,10 @@ class SeaweedS3:
              f"-ip.bind={self.bind}",
              f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
              f"-filer.port={self.ports['filer']}", "-master.volumeSizeLimitMB=256",
-             "-volume.max=16"],
+             "-volume.max=16",
+             # Its Iceberg and Lance catalogs listen on fixed ports (8181, 9101): off, or a
+             # second server on the machine (another test run) dies at start.
+             "-s3.port.iceberg=0", "-s3.port.lance=0"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.wait_ready(timeout)

@@ -24,21 +24,6 @@ from scripts.local_cluster import (  # noqa: F401  (re-exported for the test mod
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The modules that take longest (minutes of clusters, faults and runs), started first so that
-# the two test streams (pytest-xdist, a module at a time) end together. The rest follow in order.
-SLOWEST_FIRST = ["test_elastic", "test_hosts", "test_preemption", "test_pytorch_trainer",
-                 "test_trainers_e2e", "test_object_storage", "test_examples", "test_sweep",
-                 "test_faults", "test_ddp_e2e", "test_observe", "test_config", "test_function_api"]
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        name = item.module.__name__.rpartition(".")[2]
-        return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
-
-    items.sort(key=rank)  # stable: a module's tests keep their order
-
-
 @dataclass
 class CliResult:
     returncode: int

@@ -137,8 +137,11 @@ def test_a_users_loop_commits_every_ranks_files_to_s3_and_skips_a_corrupt_one(
                     f"+trainer.marker={tmp_path / 'crashed'}", env=s3_env(s3_server), cwd=project)
     assert first.returncode == 0, first.output[-4000:]
     rec = first.record
-    assert rec["restarts"] == 1 and [w["step"] for w in rec["world_sizes"]] == [0, 100]
-    assert [c["step"] for c in rec["checkpoints"]] == [100, 200, 300]
+    # Step 200 (rank 1's part cut in half) is never resumed from: the newest checkpoint that
+    # was committed is, 100 (or none, where a loaded machine had not finished uploading 100 when
+    # rank 1 died: the restart then tears that upload down with the group).
+    assert rec["restarts"] == 1 and [w["step"] for w in rec["world_sizes"]] in ([0, 100], [0, 0])
+    assert [c["step"] for c in rec["checkpoints"]][-2:] == [200, 300]
     store = CheckpointStore(spec_for(s3_server, "users/users-loop"))
     manifest = store.read_manifest(store.latest())
     assert manifest["step"] == 300 and {n: e["rank"] for n, e in manifest["files"].items()} == {
