@@ -52,9 +52,11 @@ def weed_binary() -> str:
 class SeaweedS3:
     def __init__(self, data_dir: Path, access_key: str | None = None, secret_key: str | None = None,
                  s3_port: int | None = None, host: str = "127.0.0.1", bind: str | None = None,
-                 command_prefix: tuple[str, ...] = ()):
+                 command_prefix: tuple[str, ...] = (), volumes: int = 16):
         """host: the address it advertises (and clients use); bind: where it listens (host by
-        default); command_prefix: run it elsewhere, e.g. inside a test host's namespaces."""
+        default); command_prefix: run it elsewhere, e.g. inside a test host's namespaces;
+        volumes: its capacity, in volumes of 256 MB (created as needed)."""
+        self.volumes = volumes
         self.data_dir = Path(data_dir)
         self.host, self.bind, self.command_prefix = host, bind or host, tuple(command_prefix)
         self.access_key = access_key or "dev" + secrets.token_hex(6)
@@ -89,7 +91,7 @@ class SeaweedS3:
              f"-ip.bind={self.bind}",
              f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
              f"-filer.port={self.ports['filer']}", "-master.volumeSizeLimitMB=256",
-             "-volume.max=16",
+             f"-volume.max={self.volumes}",
              # Its Iceberg and Lance catalogs listen on fixed ports (8181, 9101): off, or a
              # second server on the machine (another test run) dies at start.
              "-s3.port.iceberg=0", "-s3.port.lance=0"],

@@ -106,7 +106,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
 
     steps, every = args.fsdp_steps * 2, args.fsdp_steps
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
-        server = SeaweedS3(Path(tmp) / "weed").start()
+        # Two runs of two ~1.1 GB checkpoints each: 16 volumes of 256 MB ran out (measured).
+        server = SeaweedS3(Path(tmp) / "weed", volumes=64).start()
         try:
             server.filesystem().create_dir("bench")
             runs = {"async": one_run(work, server, "async", overrides(server, steps, every, True)),
