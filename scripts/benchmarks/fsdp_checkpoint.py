@@ -61,17 +61,17 @@ def one_run(work: Path, server, name: str, extra: list[str]) -> dict:
     rec = read_json(run_dir / "run.json")
     progress(f"fsdp_checkpoint {name}: {timed.wall_s} s, workers {peaks['train_workers_mib']} MiB")
     return {"wall_s": timed.wall_s, "workers_mib": peaks["train_workers_mib"],
-            "checkpoints": rec.get("checkpoints", []), "run_name": rec.get("run_name"),
+            "checkpoints": rec.get("checkpoints", []), "uri": rec.get("checkpoint_uri"),
             "status": rec.get("status")}
 
 
-def raw_upload(server, run_name: str, step: int, scratch: Path) -> dict:
+def raw_upload(server, uri: str, step: int, scratch: Path) -> dict:
     """The checkpoint's files downloaded, then uploaded again with plain pyarrow: one thread
     per rank's files, as the ranks upload theirs."""
     from orchestrator.checkpoint.store import CheckpointStore
     from orchestrator.storage import Credentials, StorageSpec
 
-    spec = StorageSpec(f"s3://bench/{run_name}", server.endpoint, "us-east-1",
+    spec = StorageSpec(uri, server.endpoint, "us-east-1",
                        Credentials(server.access_key, server.secret_key))
     store = CheckpointStore(spec)
     ref = store.ref(step)
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
             runs = {"async": one_run(work, server, "async", overrides(server, steps, every, True)),
                     "sync": one_run(work, server, "sync", overrides(server, steps, every, False))}
             last = runs["async"]["checkpoints"][-1]["step"]
-            raw = raw_upload(server, runs["async"]["run_name"], last, Path(tmp) / "raw")
+            raw = raw_upload(server, runs["async"]["uri"], last, Path(tmp) / "raw")
             memory = save_memory(server, work)
         finally:
             server.stop(kill=True)
