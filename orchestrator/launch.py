@@ -6,7 +6,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import uuid
 from pathlib import Path
 
@@ -161,10 +160,11 @@ def interrupted_by_ctrl_c(ray_trainer) -> None:
 
     def register(controller) -> None:
         def on_sigint(signum, frame):
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: now
+            # A second Ctrl-C is Python's plain KeyboardInterrupt.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
                 ray.get(controller.abort.remote(), timeout=30)
-            except Exception:  # noqa: BLE001  (already gone, or not answering: the driver exits anyway)
+            except Exception:  # already gone, or not answering: the driver exits anyway
                 pass
             raise KeyboardInterrupt
 
@@ -231,9 +231,6 @@ def run_to_end(ray_trainer) -> tuple[int, str, str | None]:
     except KeyboardInterrupt:
         log.warning("interrupted; the newest committed checkpoint is kept for a resume")
         return 130, "failed", "interrupted (SIGINT)"
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
     return 0, "succeeded", None
 
 

@@ -24,6 +24,7 @@ from scripts.local_cluster import (  # noqa: F401  (re-exported for the test mod
 
 REPO = Path(__file__).resolve().parent.parent
 
+
 @dataclass
 class CliResult:
     returncode: int
