@@ -77,6 +77,12 @@ def start_run(run_dir, *overrides, cwd=REPO, env=None) -> subprocess.Popen:
     return proc
 
 
+def finish_run(proc: subprocess.Popen, run_dir: Path, timeout: float = 600) -> CliResult:
+    """What a command start_run started ended with (its stderr is in its stdout)."""
+    out, _ = proc.communicate(timeout=timeout)
+    return CliResult(proc.returncode, out, "", run_dir)
+
+
 @pytest.fixture(autouse=True)
 def stop_started_runs():
     """A failed test's run must not outlive it: on a shared Ray head it would hold its workers'

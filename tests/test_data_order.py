@@ -94,3 +94,14 @@ def test_a_parquet_label_says_its_task_only_when_it_is_unambiguous(tmp_path):
     assert data.task == "regression" and data.num_classes == 0 and data.y_train.dtype == np.float32
     assert np.allclose(np.sort(np.concatenate([data.y_train, data.y_test])),
                        np.sort(x.sum(1) * 100.0), atol=1e-3)  # the values, not class ids
+
+
+def test_the_bundled_digits_are_scikit_learns():
+    from sklearn.datasets import load_digits
+
+    from orchestrator.data.datasets import digits
+
+    x, y = digits()
+    expected = load_digits()
+    assert np.array_equal(x, expected.data) and np.array_equal(y, expected.target)
+    assert x.shape == (1797, 64) and set(y.tolist()) == set(range(10))

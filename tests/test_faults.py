@@ -52,9 +52,15 @@ HANG_TIMEOUT_S = 5  # the least failure.hang_timeout_s allows: what is tested do
 
 @pytest.mark.slow
 def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
+    # Paced (>= 20 ms a step) while the gate exists: the hang lands mid-run; once the new
+    # group runs, the rest goes at full speed.
+    gate = tmp_path / "gate"
+    gate.touch()
     proc = start_run(tmp_path / "a", f"cluster.address={ray_head.address}",
-                     f"storage.uri={tmp_path / 'ckpt'}", "trainer.epochs=150",
-                     "checkpoint.every_steps=100", f"failure.hang_timeout_s={HANG_TIMEOUT_S}")
+                     f"storage.uri={tmp_path / 'ckpt'}", "trainer.epochs=40",
+                     "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
+                     "+trainer.pace_s=0.02", "checkpoint.every_steps=100",
+                     f"failure.hang_timeout_s={HANG_TIMEOUT_S}")
     rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, tmp_path / "a")
     victim, healthy = rec["workers"][1]["pid"], rec["workers"][0]["pid"]
     os.kill(victim, signal.SIGSTOP)
@@ -63,6 +69,8 @@ def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
     while alive_pid(healthy) and time.time() < deadline:
         time.sleep(0.2)
     torn_down_in = time.time() - stopped_at
+    wait_for(lambda r: len(r.get("world_sizes", [])) == 2, tmp_path / "a")
+    gate.unlink()
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
     rec = read_record(tmp_path / "a")
@@ -87,7 +95,7 @@ def test_another_clusters_ray_start_on_the_machine_does_not_restart_the_job(ray_
                    tmp_path / "run")
     other = start_head(tmp_path, num_cpus=0)  # now the cluster this machine last started
     try:
-        time.sleep(10)  # the cleaner looks every second; a removed group's workers die at once
+        time.sleep(5)  # the cleaner looks every second; a removed group's workers die at once
         alive = [alive_pid(w["pid"]) for w in rec["workers"]]
         rec = read_record(tmp_path / "run")
     finally:

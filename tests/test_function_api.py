@@ -9,7 +9,7 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from tests.conftest import run_cli, user_project
+from tests.conftest import read_record, run_cli, start_run, user_project
 
 
 def files_of_latest(storage, run_name) -> tuple[dict, dict[str, bytes]]:
@@ -21,7 +21,11 @@ def files_of_latest(storage, run_name) -> tuple[dict, dict[str, bytes]]:
 def test_a_users_loop_survives_a_rank_killed_mid_checkpoint_and_ends_bit_identical(ray_head, tmp_path):
     project, storage = user_project(tmp_path), tmp_path / "ckpt"
     common = ["trainer=function", f"cluster.address={ray_head.address}", f"storage.uri={storage}",
-              "+trainer.steps=300", "checkpoint.every_steps=100", "checkpoint.keep=0"]
+              "+trainer.steps=300", "checkpoint.every_steps=100", "checkpoint.keep=0",
+              "cluster.cpus_per_worker=0.5"]
+    # The uninterrupted run goes alongside (each takes half the head's CPUs).
+    straight = start_run(tmp_path / "straight", *common, "trainer.fn=mypkg.train:main",
+                         "run.name=straight", cwd=project)
     crashed = run_cli(tmp_path / "crashed", *common, "trainer.fn=mypkg.faults:crash_while_saving",
                       "+trainer.crash_at=200", f"+trainer.marker={tmp_path / 'crashed-once'}",
                       "run.name=crashed", cwd=project)
@@ -40,12 +44,11 @@ def test_a_users_loop_survives_a_rank_killed_mid_checkpoint_and_ends_bit_identic
     assert json.loads(files["rank_1.json"]) == {"rows_seen": 300 * 32}  # its own count, exact
     assert rec["metrics"]["accuracy"] > 0.9
 
-    straight = run_cli(tmp_path / "straight", *common, "trainer.fn=mypkg.train:main",
-                       "run.name=straight", cwd=project)
-    assert straight.returncode == 0, straight.output[-4000:]
+    out, _ = straight.communicate(timeout=600)
+    assert straight.returncode == 0, out[-4000:]
     _, reference = files_of_latest(storage, "straight")
     a, b = (torch.load(__import__("io").BytesIO(f["model.pt"]), weights_only=True)
             for f in (files, reference))
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run's weights differ"
     assert files["optimizer.pt"] == reference["optimizer.pt"]
-    assert straight.record["metrics"] == rec["metrics"]
+    assert read_record(tmp_path / "straight")["metrics"] == rec["metrics"]

@@ -13,6 +13,7 @@ from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
 from scripts.local_cluster import RAY, node_env, node_of, stop_nodes
 from tests.conftest import (
+    REPO,
     add_node,
     read_record,
     start_head,
@@ -24,19 +25,25 @@ from tests.conftest import (
 )
 
 # Each job must outlast the notice: Ray polls for drains every 5 s and the workers look for a
-# notice about every failure.preemption_check_s (1 s), so the notice reaches them within
-# ~6 s; these jobs have 30 s or more of steps left when the node is preempted.
-BOOSTING = ["data=synthetic", "data.rows=50000", "trainer.num_boost_round=1200"]
+# notice about every failure.preemption_check_s (1 s), so the notice reaches them within ~6 s.
+# Every job runs through the gate (tests/user_trainers.py): while the test's gate file exists,
+# each step takes at least 0.06 s, so a job lasts 40 s or more however fast the machine; once
+# the restart is under way the test removes the gate and the rest of the job runs at full speed.
+GATED = ["trainer.fn=tests.user_trainers:gated", "+trainer.pace_s=0.06"]
+BOOSTING = ["data=synthetic", "data.rows=50000", "trainer.num_boost_round=700"]
 JOBS = {
     # The PyTorch trainer with its state sharded (every rank writes its own shard at the
     # notice); DDP's replicated state is the user's own loop of the drain test below.
-    "fsdp": ["trainer=fsdp", "trainer.epochs=300"],
-    "mwms": ["trainer=mwms", "trainer.epochs=150"],
-    "xgboost": ["trainer=xgboost", "trainer.max_depth=4", *BOOSTING],
-    "lightgbm": ["trainer=lightgbm", "trainer.num_leaves=15", *BOOSTING],
+    "fsdp": ["trainer=fsdp", "trainer.epochs=30", "+trainer.inner=trainers.pytorch.train:main"],
+    "mwms": ["trainer=mwms", "trainer.epochs=30", "+trainer.inner=trainers.mwms.train:main"],
+    "xgboost": ["trainer=xgboost", "trainer.max_depth=4", *BOOSTING,
+                "+trainer.inner=trainers.xgboost.train:main"],
+    "lightgbm": ["trainer=lightgbm", "trainer.num_leaves=15", *BOOSTING,
+                 "+trainer.inner=trainers.lightgbm.train:main"],
 }
-# The user's own loop (tests/user_project, run from a folder of its own) on the worker API.
-USER_FUNCTION = ["trainer=function", "trainer.fn=mypkg.train:main", "+trainer.steps=6600"]
+# The user's own loop (tests/user_project, run from a folder of its own) on the worker API;
+# the gate only paces its ctx.step_done (the repository on the import path for it).
+USER_FUNCTION = ["trainer=function", "+trainer.inner=mypkg.train:main", "+trainer.steps=1000"]
 # The deadline of a drain: `ray drain-node --deadline-remaining-seconds`, and what these test
 # nodes give themselves on SIGTERM (Ray's default: 30 s). The notice reached the workers 1-5 s
 # after the drain in every run measured; holding until the deadline is what a test waits for.
@@ -58,10 +65,21 @@ def preemptible_cluster(tmp_path_factory):
 
 
 def start_job(head, run_dir, job: list[str], cwd=None):
+    """The job, paced while <run_dir's folder>/gate exists."""
+    gate = run_dir.parent / "gate"
+    gate.touch()
     return start_run(run_dir, f"cluster.address={head.address}",
                      f"storage.uri={run_dir.parent / 'ckpt'}", "checkpoint.every_steps=500",
-                     "checkpoint.keep=0", "cluster.cpus_per_worker=1", *job,
-                     **({"cwd": cwd} if cwd else {}))
+                     "checkpoint.keep=0", "cluster.cpus_per_worker=1", *GATED,
+                     f"+trainer.gate={gate}", *job,
+                     **({"cwd": cwd, "env": {"PYTHONPATH": str(REPO)}} if cwd else {}))
+
+
+def restarted(*run_dirs) -> None:
+    """Wait until the jobs resumed after the notice, then let them run at full speed."""
+    for run_dir in run_dirs:
+        wait_for(lambda r: len(r.get("world_sizes", [])) == 2, run_dir, timeout=300)
+    (run_dirs[0].parent / "gate").unlink()
 
 
 def running(run_dir) -> dict:
@@ -107,6 +125,7 @@ def test_sigterm_to_a_node_saves_before_the_deadline_and_loses_no_step(preemptib
             nodes.remove(node)
             node.send_signal(signal.SIGTERM)
         nodes.extend(add_node(head, tmp, num_cpus=2, env=NODE_ENV) for _ in range(2))
+        restarted(*(tmp_path / trainer for trainer in pair))
         finished = {trainer: finish(proc, tmp_path / trainer) for trainer, proc in procs.items()}
     finally:
         for node in preempted:
@@ -137,6 +156,7 @@ def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_at_the_not
         env=node_env(), capture_output=True, text=True, timeout=120)
     assert drain.returncode == 0, drain.stdout + drain.stderr  # the other node has room
     try:
+        restarted(tmp_path / "run")
         rec, out = finish(proc, tmp_path / "run")
     finally:
         # `ray drain-node` does not take the node away; the cloud would, at the deadline.

@@ -16,7 +16,7 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from tests.conftest import REPO, run_cli, start_run, user_project, wait_for
+from tests.conftest import REPO, read_record, run_cli, start_run, user_project, wait_for
 
 pytestmark = pytest.mark.slow
 BATCH, MICRO, STEPS = 64, 8, 300
@@ -69,12 +69,9 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     for folder in logs.values():
         folder.mkdir()
 
-    straight = run_cli(tmp_path / "straight", *cluster, *job(logs["straight"], storage),
-                       "run.name=straight", cwd=project)
-    assert straight.returncode == 0, straight.output[-4000:]
-    reference = ids_per_step(logs["straight"], straight.record)
-    assert sorted(reference) == list(range(STEPS))
-    assert all(len(ids) == BATCH and len(set(ids)) == BATCH for ids in reference.values())
+    # The uninterrupted run goes alongside the killed one (each takes half the head's CPUs).
+    straight = start_run(tmp_path / "straight", *cluster, *job(logs["straight"], storage),
+                         "run.name=straight", cwd=project)
 
     # 1. A worker SIGKILLed after the first checkpoint: the same world size resumes from it.
     #    Then, held at step 250 (a gate) once step 200 is committed, the user stops the
@@ -99,8 +96,18 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     assert proc.returncode == 130, out[-3000:]
     assert "the newest committed checkpoint is kept for a resume" in out
     gate.unlink()
+    # 2's run (below) goes alongside the same command again.
+    resized = start_run(tmp_path / "resized", *cluster, *job(logs["resized"], storage),
+                        "cluster.workers=1", "run.name=resized",
+                        f"resume={storage / 'killed' / 'step_000000100'}", cwd=project)
     again = run_cli(tmp_path / "killed-again", *killed, cwd=project, env=repo)
     assert again.returncode == 0, again.output[-4000:]
+    out, _ = straight.communicate(timeout=600)
+    assert straight.returncode == 0, out[-4000:]
+    straight_rec = read_record(tmp_path / "straight")
+    reference = ids_per_step(logs["straight"], straight_rec)
+    assert sorted(reference) == list(range(STEPS))
+    assert all(len(ids) == BATCH and len(set(ids)) == BATCH for ids in reference.values())
     rec = again.record
     assert rec["resumed_from_step"] == 200 and "resuming at step 200" in again.output
     assert [w["size"] for w in first["world_sizes"]] == [2, 2] and first["world_sizes"][1]["step"] == 100
@@ -108,15 +115,13 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     assert ids_per_step(logs["killed"], both) == reference
     a, b = model_at(storage, "killed"), model_at(storage, "straight")
     assert all(torch.equal(a[k], b[k]) for k in a), "the killed-and-resumed run differs"
-    assert rec["metrics"] == straight.record["metrics"]
+    assert rec["metrics"] == straight_rec["metrics"]
 
     # 2. The killed run's checkpoint at step 100, resumed by one worker: 8 micro-batches a step
     # instead of 4, the same rows at every step, the same parameters up to float rounding.
-    resized = run_cli(tmp_path / "resized", *cluster, *job(logs["resized"], storage),
-                      "cluster.workers=1", "run.name=resized",
-                      f"resume={storage / 'killed' / 'step_000000100'}", cwd=project)
-    assert resized.returncode == 0, resized.output[-4000:]
-    rec = resized.record
+    out, _ = resized.communicate(timeout=600)
+    assert resized.returncode == 0, out[-4000:]
+    rec = read_record(tmp_path / "resized")
     assert [(w["size"], w["step"]) for w in rec["world_sizes"]] == [(1, 100)]
     seen = ids_per_step(logs["resized"], rec)
     assert sorted(seen) == list(range(100, STEPS))

@@ -17,7 +17,7 @@ from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.config.schema import DataConfig
 from orchestrator.data.datasets import load_dataset
 from orchestrator.storage import Credentials, StorageSpec
-from tests.conftest import read_record, run_cli, start_run, wait_for
+from tests.conftest import finish_run, read_record, run_cli, start_run, wait_for
 
 DIGITS = load_dataset(DataConfig(name="digits"), seed=0)
 
@@ -95,8 +95,12 @@ def single_process_accuracy(trainer: str, rounds: int) -> float:
 def test_boosting_resumes_from_s3_at_its_round_and_matches_one_uninterrupted_run(
         ray_head, s3_server, bucket, tmp_path, trainer):
     common = [f"cluster.address={ray_head.address}", *s3(s3_server, f"boost-{trainer}"),
-              f"trainer={trainer}", "checkpoint.every_steps=5", "checkpoint.keep=0"]
+              f"trainer={trainer}", "checkpoint.every_steps=5", "checkpoint.keep=0",
+              "cluster.cpus_per_worker=0.5"]
     env = s3_env(s3_server)
+    # The uninterrupted run goes alongside the split one (each takes half the head's CPUs).
+    straight = start_run(tmp_path / "b", *common, "run.name=straight",
+                         "trainer.num_boost_round=50", env=env)
     first = run_cli(tmp_path / "a1", *common, "run.name=split", "trainer.num_boost_round=20", env=env)
     rec = assert_succeeded(first, trainer)
     assert [c["step"] for c in rec["checkpoints"]] == [5, 10, 15, 20]
@@ -110,8 +114,7 @@ def test_boosting_resumes_from_s3_at_its_round_and_matches_one_uninterrupted_run
     assert rec["resumed_from_step"] == 20 and rec["world_sizes"][0]["step"] == 20
     assert rec["steps"] == 50 and rec["checkpoints"][0]["step"] == 25
 
-    straight = run_cli(tmp_path / "b", *common, "run.name=straight", "trainer.num_boost_round=50",
-                       env=env)
+    straight = finish_run(straight, tmp_path / "b")
     assert_succeeded(straight, trainer)
     uri = f"s3://ckpt-tests/boost-{trainer}"
     split_pred = booster_predictions(trainer, final_files(s3_server, f"{uri}/split"))
@@ -142,9 +145,11 @@ def test_mwms_with_a_users_keras_model_survives_a_killed_worker_exactly(
     common = [f"cluster.address={ray_head.address}", *s3(s3_server, "mwms"), "trainer=mwms",
               "trainer.model._target_=tests.user_models.tiny_keras_model", "~trainer.model.hidden",
               "+trainer.model.width=32", "trainer.epochs=100", "trainer.max_steps=600",
-              "checkpoint.every_steps=100", "checkpoint.keep=0"]
+              "checkpoint.every_steps=100", "checkpoint.keep=0", "cluster.cpus_per_worker=0.5"]
     env = s3_env(s3_server)
     proc = start_run(tmp_path / "killed", *common, "run.name=killed", env=env)
+    # The uninterrupted run goes alongside (each takes half the head's CPUs).
+    straight = start_run(tmp_path / "straight", *common, "run.name=straight", env=env)
     rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2,
                    tmp_path / "killed")
     os.kill(rec["workers"][1]["pid"], signal.SIGKILL)
@@ -160,7 +165,7 @@ def test_mwms_with_a_users_keras_model_survives_a_killed_worker_exactly(
                                                  "width": 32}
     assert rec["metrics"]["test_accuracy"] > 0.9, rec["metrics"]
 
-    straight = run_cli(tmp_path / "straight", *common, "run.name=straight", env=env)
+    straight = finish_run(straight, tmp_path / "straight")
     assert straight.returncode == 0, straight.output[-4000:]
     assert rec["metrics"] == straight.record["metrics"]
     a = final_files(s3_server, "s3://ckpt-tests/mwms/killed")

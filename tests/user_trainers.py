@@ -1,12 +1,14 @@
 """Users' own training functions, plugged in through trainer.fn: the built-in DDP loop with a
-bug at one step, held at a step by a gate file, and functions the driver must refuse."""
+bug at one step, any trainer paced and held by a gate file, and functions the driver must
+refuse."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 
-from trainers.pytorch.train import main as ddp_main
+DDP = "trainers.pytorch.train:main"  # the built-in PyTorch trainer (trainer=ddp|fsdp)
 
 
 def fails_at_step_35(ctx, cfg):
@@ -18,14 +20,14 @@ def fails_at_step_35(ctx, cfg):
             raise ValueError("bad batch at step 35 (a bug in the training code)")
 
     ctx.step_done = checked_step_done
-    return ddp_main(ctx, cfg)
+    return import_function(DDP)(ctx, cfg)
 
 
 def fails_for_one_lr(ctx, cfg):
     """The DDP loop with a bug at step 15, when trainer.lr is trainer.fail_lr (one trial of a
     sweep fails, the others do not)."""
     if cfg["trainer"]["lr"] != cfg["trainer"].pop("fail_lr"):
-        return ddp_main(ctx, cfg)
+        return import_function(DDP)(ctx, cfg)
     step_done = ctx.step_done
 
     def checked_step_done(step, metrics=None, samples=0):
@@ -34,33 +36,51 @@ def fails_for_one_lr(ctx, cfg):
             raise ValueError("bad batch at step 15 (a bug in the training code)")
 
     ctx.step_done = checked_step_done
-    return ddp_main(ctx, cfg)
+    return import_function(DDP)(ctx, cfg)
 
 
 PACE_S = 0.008
 
 
-def gated_ddp(ctx, cfg):
-    """The DDP loop held at a step while a gate file exists: a test that injects faults
-    mid-run (a node lost or added, a partition, Ctrl-C) needs the run to last until it is
-    done, on a fast machine or a slow one, and then to finish at once.
+def gated(ctx, cfg):
+    """Any training function (trainer.inner, module:function) with its steps gated by a file:
+    a test that injects faults mid-run (a node lost or added, a partition, a preemption, Ctrl-C)
+    needs the run to last until it is done, on a fast machine or a slow one, and then to
+    finish at once.
 
-        trainer.fn=tests.user_trainers:gated_ddp +trainer.gate=/shared/gate +trainer.hold_at=1500
+        trainer.fn=tests.user_trainers:gated +trainer.inner=trainers.mwms.train:main
+        +trainer.gate=/shared/gate [+trainer.hold_at=1500] [+trainer.pace_s=0.05]
 
-    The gate must be a path every host sees. Each step also takes at least PACE_S, so that a
-    fault lands mid-run. The math is the DDP trainer's, untouched."""
-    gate, hold_at = cfg["trainer"].pop("gate"), int(cfg["trainer"].pop("hold_at"))
+    While the gate exists, each step takes at least trainer.pace_s (so that a fault lands
+    mid-run), and a run holds at trainer.hold_at, if given. The gate must be a path every host
+    sees. The function's own work is untouched: only ctx.step_done waits."""
+    tcfg = cfg["trainer"]
+    inner = import_function(tcfg.pop("inner"))
+    gate, pace_s = tcfg.pop("gate"), float(tcfg.pop("pace_s", PACE_S))
+    hold_at = int(tcfg.pop("hold_at", 0) or 0)
     step_done = ctx.step_done
 
     def gated_step_done(step, metrics=None, samples=0):
-        time.sleep(PACE_S)
+        if os.path.exists(gate):
+            time.sleep(pace_s)
         # Every rank holds at the same step, outside any collective: nothing times out.
-        while step >= hold_at and os.path.exists(gate):
+        while hold_at and step >= hold_at and os.path.exists(gate):
             time.sleep(0.05)
         step_done(step, metrics, samples)
 
     ctx.step_done = gated_step_done
-    return ddp_main(ctx, cfg)
+    return inner(ctx, cfg)
+
+
+def gated_ddp(ctx, cfg):
+    """gated() over the PyTorch trainer (trainer=ddp|fsdp)."""
+    cfg["trainer"]["inner"] = DDP
+    return gated(ctx, cfg)
+
+
+def import_function(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def takes_one_argument(ctx):

@@ -7,6 +7,7 @@ which rows a worker trains on is decided by orchestrator.data.order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -70,10 +71,8 @@ def parquet_task(cfg: DataConfig, label_type: pa.DataType) -> str:
 def load_dataset(cfg: DataConfig, seed: int, storage: StorageSpec | None = None) -> Dataset:
     task = cfg.task or "classification"
     if cfg.name == "digits":
-        from sklearn.datasets import load_digits
-
-        bunch = load_digits()
-        x, y = bunch.data.astype(np.float32) / 16.0, bunch.target
+        x, y = digits()
+        x = x.astype(np.float32) / 16.0
         names = tuple(f"pixel_{i}" for i in range(x.shape[1]))
     elif cfg.name == "synthetic":
         x, y = synthetic(cfg.rows, cfg.features, cfg.classes, seed, task)
@@ -84,6 +83,17 @@ def load_dataset(cfg: DataConfig, seed: int, storage: StorageSpec | None = None)
         raise ConfigError("data=torch: your datasets come from data.train/data.eval, not "
                           "ctx.dataset() (which loads digits, synthetic and parquet)")
     return split(x, y, cfg.test_fraction, seed, names, task)
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (1,797 8x8 images, pixels 0..16, labels 0..9), read from the file
+    scikit-learn ships, as its load_digits does, without importing scikit-learn: its imports
+    (scipy.stats, ...) cost ~1 s of CPU in every worker and every command."""
+    import importlib.util
+
+    package = importlib.util.find_spec("sklearn").submodule_search_locations[0]
+    data = np.loadtxt(Path(package) / "datasets" / "data" / "digits.csv.gz", delimiter=",")
+    return data[:, :-1], data[:, -1].astype(int)
 
 
 def synthetic(rows: int, features: int, classes: int, seed: int,
