@@ -1,5 +1,5 @@
-"""The DDP trainer end to end on real Ray: 4 workers on a running cluster with a user's model,
-16 workers sharing two cores (the default job on an embedded Ray: tests/test_observe.py;
+"""The DDP trainer end to end on real Ray: 16 workers sharing the two cores of a running
+cluster, with a user's model (the default job on an embedded Ray: tests/test_observe.py;
 interrupt and resume: tests/test_pytorch_trainer.py)."""
 
 from __future__ import annotations
@@ -35,26 +35,21 @@ def assert_trained(result, workers: int, min_accuracy: float = 0.9) -> dict:
     return rec
 
 
-def test_four_workers_on_a_running_cluster_with_a_users_model(ray_head, tmp_path):
-    """cluster.address=auto joins the cluster RAY_ADDRESS names; the model is the user's own
-    (a module in tests/, switched in on the command line as SPEC.md shows): it gets its width
-    and, because its signature asks for them, the data's widths, not the default MLP's keys."""
+@pytest.mark.slow
+def test_sixteen_workers_share_two_cores_on_a_running_cluster_with_a_users_model(ray_head, tmp_path):
+    """cluster.address=auto joins the cluster RAY_ADDRESS names; 16 workers get a fractional
+    share of its 2 CPUs each; the model is the user's own (a module in tests/, switched in on
+    the command line as SPEC.md shows): it gets its width and, because its signature asks for
+    them, the data's widths, not the default MLP's keys."""
     result = run_cli(tmp_path / "run", f"storage.uri={tmp_path / 'ckpt'}", "cluster.address=auto",
-                     "cluster.workers=4", "trainer.model._target_=tests.user_models.TinyTorchNet",
+                     "cluster.workers=16", "trainer.max_steps=30", "checkpoint.every_steps=10",
+                     "trainer.model._target_=tests.user_models.TinyTorchNet",
                      "+trainer.model.width=48", env={"RAY_ADDRESS": ray_head.address})
-    rec = assert_trained(result, workers=4)
+    rec = assert_trained(result, workers=16, min_accuracy=0.5)
+    assert rec["steps"] == 30
+    assert "{'CPU': 0.12} * 16" in result.output  # the automatic fractional share
     state = final_model(tmp_path / "ckpt", rec["run_name"])
     assert state["0.weight"].shape == (48, 64) and state["2.weight"].shape == (10, 48)
     # It joined the running head (its dashboard) instead of starting a Ray of its own.
     assert ray_head.dashboard.split("//")[1] in result.output
     assert "Started a local Ray" not in result.output
-
-
-@pytest.mark.slow
-def test_sixteen_workers_share_two_cores(ray_head, tmp_path):
-    result = run_cli(tmp_path / "run", f"storage.uri={tmp_path / 'ckpt'}",
-                     f"cluster.address={ray_head.address}", "cluster.workers=16",
-                     "trainer.max_steps=30", "checkpoint.every_steps=10")
-    rec = assert_trained(result, workers=16, min_accuracy=0.5)
-    assert rec["steps"] == 30
-    assert "{'CPU': 0.12} * 16" in result.output  # the automatic fractional share

@@ -81,7 +81,6 @@ def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node
     gate = tmp_path / "gate"
     job = ["trainer=fsdp", "trainer.epochs=100", "trainer.max_steps=600",
            "checkpoint.every_steps=100", "checkpoint.keep=0", f"storage.uri={tmp_path / 'ckpt'}"]
-    fixed = reference(ray_head, tmp_path / "fixed", *job, "cluster.cpus_per_worker=0.5")
     common = [f"cluster.address={head.address}", "cluster.workers=4", "cluster.cpus_per_worker=1",
               *job]
     gate.write_text("hold")
@@ -92,6 +91,9 @@ def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node
     try:
         wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 4,
                  tmp_path / "elastic")  # a 4-way sharded checkpoint to shrink from
+        # The reference starts once the elastic job runs (on a 2-core machine, starting both at
+        # once only delays the job the test waits on).
+        fixed = reference(ray_head, tmp_path / "fixed", *job, "cluster.cpus_per_worker=0.5")
         kill_node_of(read_record(tmp_path / "elastic"), nodes)
         # Shrunk, and a checkpoint of the 2-way sharded state committed (it holds at 500).
         wait_for(lambda r: [w["size"] for w in r.get("world_sizes", [])][-1:] == [2] and
@@ -139,9 +141,6 @@ def test_boosting_goes_on_with_its_data_resharded_over_the_workers_left(two_node
     def job(trainer: str) -> list[str]:
         return [f"storage.uri={tmp_path / trainer}", f"trainer={trainer}", *BOOSTING]
 
-    fixed = {t: reference(ray_head, tmp_path / f"fixed-{t}", *job(t), "cluster.cpus_per_worker=0.25")
-             for t in trainers}
-
     def common(trainer: str) -> list[str]:
         return [f"cluster.address={head.address}", *job(trainer), "cluster.cpus_per_worker=0.5",
                 f"+cluster.resources.{trainer}=1", "cluster.placement=SPREAD"]
@@ -152,6 +151,9 @@ def test_boosting_goes_on_with_its_data_resharded_over_the_workers_left(two_node
                            tmp_path / f"elastic-{t}") for t in trainers}
     hosts = {t: {node_of(w["pid"], nodes) for w in rec["workers"]} for t, rec in records.items()}
     assert all(len(h) == 2 for h in hosts.values()), hosts  # spread over both nodes
+    # The references start once the elastic jobs run, as in the test above.
+    fixed = {t: reference(ray_head, tmp_path / f"fixed-{t}", *job(t), "cluster.cpus_per_worker=0.25")
+             for t in trainers}
     victim = kill_node_of(records["xgboost"], nodes)
     for proc in elastic.values():
         out, _ = proc.communicate(timeout=900)
