@@ -154,7 +154,7 @@ def stop_head(proc: subprocess.Popen) -> None:
     stop_nodes([proc])
 
 
-GRACE_S = 8
+GRACE_S = 3
 
 
 def stop_nodes(procs: list[subprocess.Popen]) -> None:
