@@ -42,6 +42,12 @@ def two_node_cluster(tmp_path_factory):
 NODE_RESOURCES = {"xgboost": 2, "lightgbm": 2}
 
 
+# An elastic job that lost a node can size its new group before Ray has declared the node dead
+# (its CPUs still counted): it waits failure.hang_timeout_s (30 s by default) for a placement
+# group that cannot be placed, then tries a smaller one. Nothing tested depends on that wait.
+SHORT_WAIT = ["failure.hang_timeout_s=10"]
+
+
 def nodes_up(head, tmp, nodes: list, count: int = 2) -> None:
     """The tests share the module's cluster and kill nodes: bring it back to `count` nodes."""
     nodes[:] = [n for n in nodes if n.poll() is None]
@@ -82,7 +88,7 @@ def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node
     job = ["trainer=fsdp", "trainer.epochs=100", "trainer.max_steps=600",
            "checkpoint.every_steps=100", "checkpoint.keep=0", f"storage.uri={tmp_path / 'ckpt'}"]
     common = [f"cluster.address={head.address}", "cluster.workers=4", "cluster.cpus_per_worker=1",
-              *job]
+              *job, *SHORT_WAIT]
     gate.write_text("hold")
     proc = start_run(tmp_path / "elastic", *common, "cluster.min_workers=2",
                      "cluster.resize_check_s=2", "run.name=elastic",
@@ -143,7 +149,7 @@ def test_boosting_goes_on_with_its_data_resharded_over_the_workers_left(two_node
 
     def common(trainer: str) -> list[str]:
         return [f"cluster.address={head.address}", *job(trainer), "cluster.cpus_per_worker=0.5",
-                f"+cluster.resources.{trainer}=1", "cluster.placement=SPREAD"]
+                f"+cluster.resources.{trainer}=1", "cluster.placement=SPREAD", *SHORT_WAIT]
 
     elastic = {t: start_run(tmp_path / f"elastic-{t}", *common(t), "cluster.min_workers=2",
                             "cluster.resize_check_s=2", "run.name=elastic") for t in trainers}
