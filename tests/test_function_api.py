@@ -9,7 +9,7 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from tests.conftest import read_record, run_cli, start_run, user_project
+from tests.conftest import finish_run, run_cli, start_run, user_project
 
 
 def files_of_latest(storage, run_name) -> tuple[dict, dict[str, bytes]]:
@@ -44,11 +44,11 @@ def test_a_users_loop_survives_a_rank_killed_mid_checkpoint_and_ends_bit_identic
     assert json.loads(files["rank_1.json"]) == {"rows_seen": 300 * 32}  # its own count, exact
     assert rec["metrics"]["accuracy"] > 0.9
 
-    out, _ = straight.communicate(timeout=600)
-    assert straight.returncode == 0, out[-4000:]
+    straight = finish_run(straight, tmp_path / "straight")
+    assert straight.returncode == 0, straight.output[-4000:]
     _, reference = files_of_latest(storage, "straight")
     a, b = (torch.load(__import__("io").BytesIO(f["model.pt"]), weights_only=True)
             for f in (files, reference))
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run's weights differ"
     assert files["optimizer.pt"] == reference["optimizer.pt"]
-    assert read_record(tmp_path / "straight")["metrics"] == rec["metrics"]
+    assert straight.record["metrics"] == rec["metrics"]

@@ -192,7 +192,7 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
     import os
     import signal
 
-    from tests.conftest import read_record, start_run
+    from tests.conftest import finish_run, read_record, start_run
 
     common = ["trainer=fsdp", f"cluster.address={ray_head.address}", "storage=s3",
               "storage.uri=s3://ckpt-tests/fsdp", f"storage.endpoint={s3_server.endpoint}",
@@ -220,8 +220,8 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
         "dcp/.metadata": 0, "dcp/__0_0.distcp": 0, "dcp/__1_0.distcp": 1}
     assert min(e["bytes"] for n, e in manifest["files"].items() if n.endswith(".distcp")) > 60 << 20
 
-    out, _ = straight.communicate(timeout=600)
-    assert straight.returncode == 0, out[-4000:]
+    straight = finish_run(straight, tmp_path / "straight")
+    assert straight.returncode == 0, straight.output[-4000:]
     a = sharded_state(store, tmp_path, "killed")
     b = sharded_state(CheckpointStore(spec_for(s3_server, "fsdp/straight")), tmp_path, "straight")
     assert a.keys() == b.keys() and any(k.startswith("optimizer.state") for k in a)

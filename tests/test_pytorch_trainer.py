@@ -16,7 +16,7 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from tests.conftest import REPO, read_record, run_cli, start_run, user_project, wait_for
+from tests.conftest import REPO, finish_run, run_cli, start_run, user_project, wait_for
 
 pytestmark = pytest.mark.slow
 BATCH, MICRO, STEPS = 64, 8, 300
@@ -102,9 +102,9 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
                         f"resume={storage / 'killed' / 'step_000000100'}", cwd=project)
     again = run_cli(tmp_path / "killed-again", *killed, cwd=project, env=repo)
     assert again.returncode == 0, again.output[-4000:]
-    out, _ = straight.communicate(timeout=600)
-    assert straight.returncode == 0, out[-4000:]
-    straight_rec = read_record(tmp_path / "straight")
+    straight = finish_run(straight, tmp_path / "straight")
+    assert straight.returncode == 0, straight.output[-4000:]
+    straight_rec = straight.record
     reference = ids_per_step(logs["straight"], straight_rec)
     assert sorted(reference) == list(range(STEPS))
     assert all(len(ids) == BATCH and len(set(ids)) == BATCH for ids in reference.values())
@@ -119,9 +119,9 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
 
     # 2. The killed run's checkpoint at step 100, resumed by one worker: 8 micro-batches a step
     # instead of 4, the same rows at every step, the same parameters up to float rounding.
-    out, _ = resized.communicate(timeout=600)
-    assert resized.returncode == 0, out[-4000:]
-    rec = read_record(tmp_path / "resized")
+    resized = finish_run(resized, tmp_path / "resized")
+    assert resized.returncode == 0, resized.output[-4000:]
+    rec = resized.record
     assert [(w["size"], w["step"]) for w in rec["world_sizes"]] == [(1, 100)]
     seen = ids_per_step(logs["resized"], rec)
     assert sorted(seen) == list(range(100, STEPS))

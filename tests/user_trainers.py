@@ -4,9 +4,10 @@ refuse."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
+
+from orchestrator.training_function import import_function
 
 DDP = "trainers.pytorch.train:main"  # the built-in PyTorch trainer (trainer=ddp|fsdp)
 
@@ -76,11 +77,6 @@ def gated_ddp(ctx, cfg):
     """gated() over the PyTorch trainer (trainer=ddp|fsdp)."""
     cfg["trainer"]["inner"] = DDP
     return gated(ctx, cfg)
-
-
-def import_function(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def takes_one_argument(ctx):

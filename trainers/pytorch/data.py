@@ -82,10 +82,11 @@ class StepPlan:
         return [MicroBatch(part, 1.0) if len(part) else MicroBatch(rows[:1], 0.0)
                 for part in np.array_split(rows, count)]
 
-    def sampler(self, start: int, total: int) -> Iterator[list[int]]:
+    def rows(self, start: int, total: int) -> Iterator[np.ndarray]:
+        """The dataset indices of every micro-batch of steps start..total-1, in order."""
         for step in range(start, total):
             for micro in self.micro_batches(step):
-                yield micro.rows.tolist()
+                yield micro.rows
 
 
 class _Sampler:
@@ -95,7 +96,7 @@ class _Sampler:
         self.plan, self.start, self.total = plan, start, total
 
     def __iter__(self):
-        return self.plan.sampler(self.start, self.total)
+        return (rows.tolist() for rows in self.plan.rows(self.start, self.total))
 
 
 def loader(dataset: Dataset, batch_sampler, collate: Callable, num_workers: int,
@@ -119,10 +120,9 @@ def fetched(dataset: Dataset, plan: StepPlan, start: int, total: int, collate: C
     bookkeeping; in-memory rows are gathered by the index array itself."""
     whole = isinstance(dataset, TensorRows)
     getitems = getattr(dataset, "__getitems__", None)
-    for step in range(start, total):
-        for micro in plan.micro_batches(step):
-            rows = micro.rows if whole else micro.rows.tolist()
-            yield collate(getitems(rows) if getitems else [dataset[i] for i in rows])
+    for rows in plan.rows(start, total):
+        rows = rows if whole else rows.tolist()
+        yield collate(getitems(rows) if getitems else [dataset[i] for i in rows])
 
 
 def eval_shards(size: int, rank: int, world_size: int, batch_size: int) -> list[MicroBatch]:
