@@ -71,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--lm-steps", type=int, default=300)
     g.add_argument("--lm-threads", type=int, default=2, help="both sides' torch threads")
     g.add_argument("--fsdp-steps", type=int, default=3,
-                   help="steps of the ~101M-parameter runs (checkpoints: every N of 2N steps)")
+                   help="steps of the ~101M-parameter runs (checkpoints: every N of 4N steps)")
     return p
 
 

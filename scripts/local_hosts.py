@@ -368,6 +368,12 @@ def remove_instance(tag: int) -> None:
     mine = [n for n in netns_names() if re.fullmatch(rf"{PREFIX}{tag}h\d+", n)]
     for ns in mine:
         kill_namespace_processes(ns)
+    # The veths by name: deleting a namespace frees its end of the pair only when the kernel's
+    # deferred cleanup gets to it (measured: one still there a minute later, on a busy machine).
+    for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        match = re.match(rf"^\d+: ({PREFIX}{tag}v\d+)[@:]", line)
+        if match:
+            sh("ip", "link", "del", match.group(1), check=False)
     for ns in mine:
         sh("ip", "netns", "del", ns, check=False)
     sh("ip", "link", "del", f"{PREFIX}{tag}br", check=False)

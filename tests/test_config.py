@@ -9,7 +9,7 @@ from orchestrator.cli import CONF_DIR
 from orchestrator.config.preflight import check_command_line, expand_sweep, split_command_line
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
-from tests.conftest import run_cli
+from tests.conftest import CliBatch, run_cli
 
 GROUP_OPTIONS = {
     group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
@@ -93,43 +93,50 @@ def assert_input_error(result, key: str, storage=None):
         assert not storage.exists() or not any(storage.rglob("*")), "storage was written"
 
 
-@pytest.mark.parametrize(
-    "overrides, key",
-    [
-        # A group option, a check across keys, an unknown key: the CLI's path from Hydra's
-        # composition to one line and exit code 2 (every key's message is checked in-process
-        # by test_bad_overrides_name_the_key).
-        (["trainer=tensorflowz"], "trainer="),
-        (["cluster.workers=2", "cluster.min_workers=4"], "cluster.min_workers"),
-        (["no_such_key=1"], "no_such_key"),
-    ],
-)
-def test_cli_rejects_bad_config(tmp_path, overrides, key):
-    storage = tmp_path / "ckpt"
-    result = run_cli(tmp_path / "run", f"storage.uri={storage}", *overrides, timeout=120)
-    assert_input_error(result, key, storage)
+# A group option, a check across keys, an unknown key: the CLI's path from Hydra's composition
+# to one line and exit code 2 (every key's message is checked in-process by
+# test_bad_overrides_name_the_key).
+BAD_CONFIG = {"group": (["trainer=tensorflowz"], "trainer="),
+              "across": (["cluster.workers=2", "cluster.min_workers=4"], "cluster.min_workers"),
+              "unknown": (["no_such_key=1"], "no_such_key")}
 
 
-@pytest.mark.parametrize("fn, what", [
-    ("mypkg.nope:main", "cannot import mypkg.nope"),
-    ("mypkg.train:steps", "has no 'steps'"),
-    ("mypkg.bad:NOT_CALLABLE", "is not callable"),
-    ("mypkg.bad:one_argument", "takes the wrong arguments"),
-])
-def test_cli_rejects_a_training_function_it_cannot_call(tmp_path, fn, what):
-    """Run from the user's own project folder, as a user would, before Ray starts."""
+@pytest.fixture(scope="module")
+def bad_config(tmp_path_factory):
+    return CliBatch(tmp_path_factory.mktemp("bad-config"),
+                    {case: overrides for case, (overrides, _) in BAD_CONFIG.items()})
+
+
+@pytest.mark.parametrize("case", BAD_CONFIG)
+def test_cli_rejects_bad_config(bad_config, case):
+    assert_input_error(bad_config.result(case), BAD_CONFIG[case][1], bad_config.storage(case))
+
+
+UNCALLABLE = {"mypkg.nope:main": "cannot import mypkg.nope", "mypkg.train:steps": "has no 'steps'",
+              "mypkg.bad:NOT_CALLABLE": "is not callable",
+              "mypkg.bad:one_argument": "takes the wrong arguments"}
+
+
+@pytest.fixture(scope="module")
+def uncallable(tmp_path_factory):
+    """Run from the user's own project folder, as a user would."""
     from tests.conftest import user_project
 
-    project = user_project(tmp_path)
+    base = tmp_path_factory.mktemp("uncallable")
+    project = user_project(base)
     (project / "mypkg" / "bad.py").write_text("NOT_CALLABLE = 3\n\ndef one_argument(ctx):\n    pass\n")
-    storage = tmp_path / "ckpt"
-    result = run_cli(tmp_path / "run", "trainer=function", f"trainer.fn={fn}",
-                     f"storage.uri={storage}", timeout=120, cwd=project)
-    assert_input_error(result, f"trainer.fn={fn!r}", storage)
-    assert what in result.stderr
+    return CliBatch(base, {i: ["trainer=function", f"trainer.fn={fn}"]
+                           for i, fn in enumerate(UNCALLABLE)}, cwd=project)
 
 
-@pytest.mark.parametrize("overrides, message", [
+@pytest.mark.parametrize("i, fn", list(enumerate(UNCALLABLE)))
+def test_cli_rejects_a_training_function_it_cannot_call(uncallable, i, fn):
+    result = uncallable.result(i)
+    assert_input_error(result, f"trainer.fn={fn!r}", uncallable.storage(i))
+    assert UNCALLABLE[fn] in result.stderr
+
+
+BAD_PARTS = [
     (["trainer.model._target_=mypkg.nope.Net"],
      "trainer.model: building it: ImportError: Error loading 'mypkg.nope.Net'"),
     (["data=torch", "data.train._target_=mypkg.bad_parts.RaggedItems",
@@ -141,49 +148,61 @@ def test_cli_rejects_a_training_function_it_cannot_call(tmp_path, fn, what):
     (["trainer.loss._target_=mypkg.bad_parts.per_sample_loss"],
      "trainer.loss: it gave (2,); the loss must be one number"),
     (["cluster.gpus_per_worker=0.5"], "cluster.gpus_per_worker=0.5 is not allowed with nccl"),
-])
-def test_cli_tries_the_users_parts_before_ray_starts(tmp_path, overrides, message):
-    """One forward and backward on a tiny CPU batch, on the driver: what fails is one line
-    naming the key, within seconds."""
-    import time
+]
 
+
+@pytest.fixture(scope="module")
+def bad_parts(tmp_path_factory):
     from tests.conftest import user_project
 
-    started = time.time()
-    storage = tmp_path / "ckpt"
-    result = run_cli(tmp_path / "run", *overrides, f"storage.uri={storage}", timeout=120,
-                     cwd=user_project(tmp_path))
-    assert_input_error(result, message.split(":")[0], storage)
+    base = tmp_path_factory.mktemp("bad-parts")
+    return CliBatch(base, {i: overrides for i, (overrides, _) in enumerate(BAD_PARTS)},
+                    cwd=user_project(base))
+
+
+@pytest.mark.parametrize("i", range(len(BAD_PARTS)))
+def test_cli_tries_the_users_parts_before_ray_starts(bad_parts, i):
+    """One forward and backward on a tiny CPU batch, on the driver: what fails is one line
+    naming the key, within seconds (the whole batch of cases, side by side, within 60)."""
+    message = BAD_PARTS[i][1]
+    result = bad_parts.result(i)
+    assert_input_error(result, message.split(":")[0], bad_parts.storage(i))
     assert message in result.stderr, result.stderr
-    assert time.time() - started < 60
+    assert bad_parts.seconds[i] < 60
 
 
-def test_cli_rejects_missing_data_path(tmp_path):
-    storage = tmp_path / "ckpt"
-    result = run_cli(tmp_path / "run", f"storage.uri={storage}", "data=parquet",
-                     f"data.path={tmp_path / 'nope.parquet'}", timeout=120)
-    assert_input_error(result, "data.path", storage)
-
-
-def test_cli_rejects_resume_path_without_checkpoint(tmp_path):
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    (empty / "step_000000010").mkdir()  # a folder without a manifest is not a checkpoint
-    storage = tmp_path / "ckpt"
-    result = run_cli(tmp_path / "run", f"storage.uri={storage}", f"resume={empty}", timeout=120)
-    assert_input_error(result, "resume=", storage)
-
-
-def test_cli_rejects_unanswered_cluster_address(tmp_path):
-    import time
-
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory):
+    """Input found wrong only by looking at it (a file, a folder, an address, a table's
+    columns), one case each, side by side."""
     from tests.conftest import free_port
 
-    started = time.time()
-    result = run_cli(tmp_path / "run", f"storage.uri={tmp_path / 'ckpt'}",
-                     f"cluster.address=127.0.0.1:{free_port()}", timeout=120)
-    assert_input_error(result, "cluster.address")
-    assert time.time() - started < 30
+    base = tmp_path_factory.mktemp("bad-inputs")
+    empty = base / "empty"
+    (empty / "step_000000010").mkdir(parents=True)  # a folder without a manifest is not a checkpoint
+    write_parquet(base / "no_label.parquet", a=[1.0, 2.0], b=[0.5, 0.1], target=[0, 1])
+    write_parquet(base / "colour.parquet", a=[1.0, 2.0], colour=["red", "blue"], label=[0, 1])
+    return CliBatch(base, {
+        "data.path": ["data=parquet", f"data.path={base / 'nope.parquet'}"],
+        "resume": [f"resume={empty}"],
+        "cluster.address": [f"cluster.address=127.0.0.1:{free_port()}"],
+        "label": ["trainer=xgboost", "data=parquet", f"data.path={base / 'no_label.parquet'}",
+                  "data.label=label"],
+        "colour": ["trainer=lightgbm", "data=parquet", f"data.path={base / 'colour.parquet'}"],
+    })
+
+
+def test_cli_rejects_missing_data_path(bad_inputs):
+    assert_input_error(bad_inputs.result("data.path"), "data.path", bad_inputs.storage("data.path"))
+
+
+def test_cli_rejects_resume_path_without_checkpoint(bad_inputs):
+    assert_input_error(bad_inputs.result("resume"), "resume=", bad_inputs.storage("resume"))
+
+
+def test_cli_rejects_unanswered_cluster_address(bad_inputs):
+    assert_input_error(bad_inputs.result("cluster.address"), "cluster.address")
+    assert bad_inputs.seconds["cluster.address"] < 30
 
 
 def test_cli_shows_composed_config(tmp_path):
@@ -217,12 +236,16 @@ def test_trainer_params_are_checked(overrides):
         check_command_line(overrides, CONF_DIR)
 
 
+@pytest.fixture(scope="module")
+def unknown_objective(tmp_path_factory):
+    return CliBatch(tmp_path_factory.mktemp("objective"),
+                    {t: [f"trainer={t}", "trainer.objective=reg:nonsense"] for t in ("xgboost", "lightgbm")})
+
+
 @pytest.mark.parametrize("trainer", ["xgboost", "lightgbm"])
-def test_cli_surfaces_an_objective_the_framework_does_not_know(tmp_path, trainer):
-    storage = tmp_path / "ckpt"
-    result = run_cli(tmp_path / "run", f"storage.uri={storage}", f"trainer={trainer}",
-                     "trainer.objective=reg:nonsense", timeout=120)
-    assert_input_error(result, "trainer.objective", storage)
+def test_cli_surfaces_an_objective_the_framework_does_not_know(unknown_objective, trainer):
+    result = unknown_objective.result(trainer)
+    assert_input_error(result, "trainer.objective", unknown_objective.storage(trainer))
     assert "nonsense" in result.stderr  # the framework's own words about it
 
 
@@ -233,19 +256,11 @@ def write_parquet(path, **columns) -> None:
     pq.write_table(pa.table(columns), path)
 
 
-def test_cli_rejects_a_missing_label_column(tmp_path):
-    write_parquet(tmp_path / "d.parquet", a=[1.0, 2.0], b=[0.5, 0.1], target=[0, 1])
-    storage = tmp_path / "ckpt"
-    result = run_cli(tmp_path / "run", f"storage.uri={storage}", "trainer=xgboost",
-                     "data=parquet", f"data.path={tmp_path / 'd.parquet'}", "data.label=label",
-                     timeout=120)
-    assert_input_error(result, "data.label='label'", storage)
+def test_cli_rejects_a_missing_label_column(bad_inputs):
+    result = bad_inputs.result("label")
+    assert_input_error(result, "data.label='label'", bad_inputs.storage("label"))
     assert "target" in result.stderr  # the columns that are there
 
 
-def test_cli_rejects_a_non_numeric_feature_column(tmp_path):
-    write_parquet(tmp_path / "d.parquet", a=[1.0, 2.0], colour=["red", "blue"], label=[0, 1])
-    storage = tmp_path / "ckpt"
-    result = run_cli(tmp_path / "run", f"storage.uri={storage}", "trainer=lightgbm",
-                     "data=parquet", f"data.path={tmp_path / 'd.parquet'}", timeout=120)
-    assert_input_error(result, "colour", storage)
+def test_cli_rejects_a_non_numeric_feature_column(bad_inputs):
+    assert_input_error(bad_inputs.result("colour"), "colour", bad_inputs.storage("colour"))

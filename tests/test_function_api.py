@@ -1,5 +1,6 @@
 """Your own training function on real Ray: a user's package in a folder of its own (a plain
-torch DDP loop on the public worker API), every rank writing its own checkpoint file."""
+torch DDP loop on the public worker API), every rank writing its own checkpoint file; a rank
+killed mid-checkpoint, then a corrupt rank file in the newest checkpoint."""
 
 from __future__ import annotations
 
@@ -19,14 +20,16 @@ def files_of_latest(storage, run_name) -> tuple[dict, dict[str, bytes]]:
 
 
 def test_a_users_loop_survives_a_rank_killed_mid_checkpoint_and_ends_bit_identical(ray_head, tmp_path):
+    """Then a rank's file of the newest checkpoint corrupted (same size): the next run resumes
+    from the one before, with the reason in run.json warnings."""
     project, storage = user_project(tmp_path), tmp_path / "ckpt"
     common = ["trainer=function", f"cluster.address={ray_head.address}", f"storage.uri={storage}",
-              "+trainer.steps=300", "checkpoint.every_steps=100", "checkpoint.keep=0",
-              "cluster.cpus_per_worker=0.5"]
+              "checkpoint.every_steps=100", "checkpoint.keep=0", "cluster.cpus_per_worker=0.5"]
     # The uninterrupted run goes alongside (each takes half the head's CPUs).
-    straight = start_run(tmp_path / "straight", *common, "trainer.fn=mypkg.train:main",
-                         "run.name=straight", cwd=project)
-    crashed = run_cli(tmp_path / "crashed", *common, "trainer.fn=mypkg.faults:crash_while_saving",
+    straight = start_run(tmp_path / "straight", *common, "+trainer.steps=300",
+                         "trainer.fn=mypkg.train:main", "run.name=straight", cwd=project)
+    crashed = run_cli(tmp_path / "crashed", *common, "+trainer.steps=300",
+                      "trainer.fn=mypkg.faults:crash_while_saving",
                       "+trainer.crash_at=200", f"+trainer.marker={tmp_path / 'crashed-once'}",
                       "run.name=crashed", cwd=project)
     assert crashed.returncode == 0, crashed.output[-4000:]
@@ -52,3 +55,13 @@ def test_a_users_loop_survives_a_rank_killed_mid_checkpoint_and_ends_bit_identic
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run's weights differ"
     assert files["optimizer.pt"] == reference["optimizer.pt"]
     assert straight.record["metrics"] == rec["metrics"]
+
+    rank_file = storage / "crashed" / "step_000000300" / "rank_1.json"
+    good = rank_file.read_bytes()
+    rank_file.write_bytes(good.replace(b"9600", b"9601"))  # the same size, other bytes
+    again = run_cli(tmp_path / "again", *common, "+trainer.steps=400",
+                    "trainer.fn=mypkg.train:main", "run.name=crashed", cwd=project)
+    assert again.returncode == 0, again.output[-4000:]
+    assert again.record["resumed_from_step"] == 200 and again.record["steps"] == 400
+    assert any("step_000000300/rank_1.json does not match its manifest" in w
+               for w in again.record["warnings"]), again.record["warnings"]

@@ -213,7 +213,7 @@ def test_a_partitioned_worker_host_is_dropped_then_rejoins_and_the_job_grows_bac
     gate_arg, gate = cluster.gate("partition")
     proc = cluster.start("partition", "storage=s3", f"storage.uri=s3://{BUCKET}/runs",
                          f"storage.endpoint={cluster.s3.endpoint}", "cluster.workers=4",
-                         "cluster.min_workers=2", "cluster.resize_check_s=5", "run.name=partition",
+                         "cluster.min_workers=2", "cluster.resize_check_s=2", "run.name=partition",
                          *JOB, gate_arg)
     try:
         rec = cluster.wait_for("partition", lambda r: len(r.get("workers", [])) == 4 and

@@ -12,7 +12,7 @@ from orchestrator.checkpoint.committer import Committer
 from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
 from orchestrator.storage import Credentials, StorageSpec
-from tests.conftest import free_port, run_cli
+from tests.conftest import CliBatch, free_port, run_cli
 from tests.test_checkpoint_store import load_newest_intact, rank_folder
 from tests.test_config import assert_input_error
 
@@ -87,11 +87,23 @@ def test_an_upload_outlives_a_server_outage_without_blocking_training(s3_server,
 
 # -- bad input: one line, exit 2, before any worker starts, nothing written ------------------
 
-def test_cli_unreachable_endpoint(tmp_path, s3_server):
-    result = run_cli(tmp_path / "run", "storage=s3", "storage.uri=s3://ckpt-tests/x",
-                     f"storage.endpoint=http://127.0.0.1:{free_port()}", env=s3_env(s3_server),
-                     timeout=120)
-    assert_input_error(result, "storage.endpoint")
+MALFORMED = ["s3://Bad_Bucket/x", "s3:///nobucket", "s3://ab/x"]
+
+
+@pytest.fixture(scope="module")
+def bad_s3_input(tmp_path_factory, s3_server):
+    """The cases with the server's own credentials, side by side."""
+    endpoint = f"storage.endpoint={s3_server.endpoint}"
+    cases = {"unreachable": ["storage.uri=s3://ckpt-tests/x",
+                             f"storage.endpoint=http://127.0.0.1:{free_port()}"],
+             "no-bucket": ["storage.uri=s3://no-such-bucket/x", endpoint, "storage.create_bucket=false"],
+             **{uri: [f"storage.uri={uri}", endpoint] for uri in MALFORMED}}
+    return CliBatch(tmp_path_factory.mktemp("bad-s3"), {k: ["storage=s3", *v] for k, v in cases.items()},
+                    env=s3_env(s3_server), local_storage=False)
+
+
+def test_cli_unreachable_endpoint(bad_s3_input):
+    assert_input_error(bad_s3_input.result("unreachable"), "storage.endpoint")
 
 
 def test_cli_wrong_credentials(tmp_path, s3_server, bucket):
@@ -102,64 +114,19 @@ def test_cli_wrong_credentials(tmp_path, s3_server, bucket):
     assert "wrongxxx" not in result.output
 
 
-def test_cli_missing_bucket_when_creation_is_off(tmp_path, s3_server):
-    result = run_cli(tmp_path / "run", "storage=s3", "storage.uri=s3://no-such-bucket/x",
-                     f"storage.endpoint={s3_server.endpoint}", "storage.create_bucket=false",
-                     env=s3_env(s3_server), timeout=120)
-    assert_input_error(result, "no-such-bucket")
+def test_cli_missing_bucket_when_creation_is_off(bad_s3_input, s3_server):
+    assert_input_error(bad_s3_input.result("no-bucket"), "no-such-bucket")
     assert "no-such-bucket" not in [i.base_name for i in s3_server.filesystem().get_file_info(
         __import__("pyarrow.fs", fromlist=["FileSelector"]).FileSelector(""))]
 
 
-@pytest.mark.parametrize("uri", ["s3://Bad_Bucket/x", "s3:///nobucket", "s3://ab/x"])
-def test_cli_malformed_uri(tmp_path, s3_server, uri):
-    result = run_cli(tmp_path / "run", "storage=s3", f"storage.uri={uri}",
-                     f"storage.endpoint={s3_server.endpoint}", env=s3_env(s3_server), timeout=120)
-    assert_input_error(result, "storage.uri")
+@pytest.mark.parametrize("uri", MALFORMED)
+def test_cli_malformed_uri(bad_s3_input, uri):
+    assert_input_error(bad_s3_input.result(uri), "storage.uri")
 
 
 # -- the training functions on real Ray, checkpointing to S3 (the built-in trainers: see
 # tests/test_trainers_e2e.py) ----------------------------------------------------------------
-
-def test_a_users_loop_commits_every_ranks_files_to_s3_and_skips_a_corrupt_one(
-        ray_head, s3_server, bucket, tmp_path):
-    """The user's own loop (every rank writes a file) on S3: rank 1 killed while writing its
-    part at step 200, so step 200 is never the latest and the restart resumes from 100; then a
-    corrupted rank file in the newest checkpoint makes the next run fall back to the one before."""
-    from tests.conftest import user_project
-
-    project = user_project(tmp_path)
-    common = ["trainer=function", f"cluster.address={ray_head.address}", "storage=s3",
-              "storage.uri=s3://ckpt-tests/users", f"storage.endpoint={s3_server.endpoint}",
-              "checkpoint.every_steps=100", "checkpoint.keep=0", "run.name=users-loop"]
-    first = run_cli(tmp_path / "a", *common, "trainer.fn=mypkg.faults:crash_while_saving",
-                    "+trainer.steps=300", "+trainer.crash_at=200",
-                    f"+trainer.marker={tmp_path / 'crashed'}", env=s3_env(s3_server), cwd=project)
-    assert first.returncode == 0, first.output[-4000:]
-    rec = first.record
-    # Step 200 (rank 1's part cut in half) is never resumed from: the newest checkpoint that
-    # was committed is, 100 (or none, where a loaded machine had not finished uploading 100 when
-    # rank 1 died: the restart then tears that upload down with the group).
-    assert rec["restarts"] == 1 and [w["step"] for w in rec["world_sizes"]] in ([0, 100], [0, 0])
-    assert [c["step"] for c in rec["checkpoints"]][-2:] == [200, 300]
-    store = CheckpointStore(spec_for(s3_server, "users/users-loop"))
-    manifest = store.read_manifest(store.latest())
-    assert manifest["step"] == 300 and {n: e["rank"] for n, e in manifest["files"].items()} == {
-        "model.pt": 0, "optimizer.pt": 0, "rank_0.json": 0, "rank_1.json": 1}
-
-    fs, key = s3_server.filesystem(), "ckpt-tests/users/users-loop/step_000000300/rank_1.json"
-    with fs.open_input_stream(key) as f:
-        good = f.read()
-    with fs.open_output_stream(key) as f:
-        f.write(good.replace(b"9600", b"9601"))  # the same size, other bytes
-    again = run_cli(tmp_path / "b", *common, "trainer.fn=mypkg.train:main", "+trainer.steps=400",
-                    env=s3_env(s3_server), cwd=project)
-    assert again.returncode == 0, again.output[-4000:]
-    rec = again.record
-    assert rec["resumed_from_step"] == 200 and rec["steps"] == 400
-    assert any("step_000000300/rank_1.json does not match its manifest" in w
-               for w in rec["warnings"]), rec["warnings"]
-
 
 def sharded_state(store: CheckpointStore, tmp_path, name: str) -> dict:
     """The newest checkpoint's FSDP shards (model and optimizer), downloaded and joined by

@@ -129,3 +129,13 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     a, b = model_at(storage, "resized"), model_at(storage, "straight")
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst < 1e-4, f"parameters differ by {worst}"
+
+
+def test_freed_host_memory_goes_back_for_a_sharded_job_on_cpu_unless_told_otherwise():
+    """trainer.release_host_memory: null means on for FSDP on CPU only (its peak crept up
+    step after step with glibc's default; scripts/bench.py fsdp_memory measures both)."""
+    from trainers.pytorch.host_memory import wanted
+
+    assert wanted(None, "fsdp", "cpu")
+    assert not wanted(None, "ddp", "cpu") and not wanted(None, "fsdp", "cuda")
+    assert wanted(True, "ddp", "cpu") and not wanted(False, "fsdp", "cpu")

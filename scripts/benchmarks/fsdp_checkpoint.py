@@ -4,9 +4,12 @@ rank), to SeaweedFS on loopback (started here).
 
 - Step blocked per checkpoint, async upload against sync (checkpoint.async_upload=false): from
   the run record, save_s (the rank's write(dir): DCP onto local disk) for async, save_s +
-  upload_s for sync.
-- Stored bytes per second: the run's upload_s of a checkpoint against plain pyarrow uploads
-  of the same files (one thread per rank's files, as the ranks upload), in the same run.
+  upload_s for sync; medians over each run's 4 checkpoints (a process's first DCP save costs
+  ~1.5 s more than the next ones: planning caches, measured without Ray).
+- Stored bytes per second: the sync run's upload_s of a checkpoint (nothing else running, as
+  for the raw uploads) against plain pyarrow uploads of the same files (one thread per rank's
+  files, as the ranks upload), in the same run. The async run's uploads share the 2 cores with
+  2 training workers; their rate is reported beside it.
 - Memory added on a rank while saving, against the size of its shard: the same model and
   optimizer state, sharded by the trainer's own code over 2 torchrun processes (gloo, no Ray:
   no other work in the process), saved by the trainer's own TrainingState.write and uploaded
@@ -104,7 +107,7 @@ def raw_upload(server, uri: str, step: int, scratch: Path) -> dict:
 def run(args: argparse.Namespace, work: Path) -> dict:
     from scripts.s3_server import SeaweedS3
 
-    steps, every = args.fsdp_steps * 2, args.fsdp_steps
+    steps, every = args.fsdp_steps * 4, args.fsdp_steps
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
         # Two runs of two ~1.1 GB checkpoints each: 16 volumes of 256 MB ran out (measured).
         server = SeaweedS3(Path(tmp) / "weed", volumes=64).start()
@@ -138,7 +141,10 @@ def summarize(runs: dict[str, dict], raw: dict, memory: list[dict]) -> dict:
     a, s = runs["async"]["checkpoints"], runs["sync"]["checkpoints"]
     blocked_async = med([c["save_s"] for c in a])
     blocked_sync = med([c["save_s"] + c["upload_s"] for c in s])
-    ours = med([c["bytes"] / c["upload_s"] / MIB for c in a + s if c["upload_s"] > 0])
+    def rate(checkpoints: list[dict]) -> float | None:
+        return med([c["bytes"] / c["upload_s"] / MIB for c in checkpoints if c["upload_s"] > 0])
+
+    ours, beside_training = rate(s), rate(a)
     theirs = raw["bytes"] / raw["seconds"] / MIB if raw["seconds"] else None
     added_vs_shard = max((m["added_mib"] / m["shard_mib"] for m in memory if m["shard_mib"]),
                          default=None)
@@ -147,7 +153,8 @@ def summarize(runs: dict[str, dict], raw: dict, memory: list[dict]) -> dict:
                 "checkpoint_mib": round(raw["bytes"] / MIB, 1),
                 "shards_mib": {r: round(b / MIB, 1) for r, b in raw["shard_bytes_by_rank"].items()}},
         "blocked_s": {"async": blocked_async, "sync": blocked_sync},
-        "upload_mib_per_s": {"orchestrator": ours, "raw_pyarrow": round(theirs, 1) if theirs else None},
+        "upload_mib_per_s": {"orchestrator": ours, "raw_pyarrow": round(theirs, 1) if theirs else None,
+                             "orchestrator_beside_training": beside_training},
         "memory_while_saving": memory,
         "figures": {
             "blocked_async_vs_sync": figure(ratio(blocked_async, blocked_sync), GOAL_BLOCKED),

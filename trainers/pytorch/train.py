@@ -30,6 +30,7 @@ from trainers.pytorch.data import (
     tabular,
     to_device,
 )
+from trainers.pytorch.host_memory import release_freed_memory, wanted
 from trainers.pytorch.parallel import materialize, no_sync, parallelize
 from trainers.pytorch.parts import (
     Step,
@@ -67,6 +68,8 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     tcfg, dcfg = cfg["trainer"], cfg["data"]
     task = dcfg.get("task") or "classification"
     device = ray.train.torch.get_device()
+    if wanted(tcfg.get("release_host_memory"), tcfg["parallel"], device.type):
+        release_freed_memory()
     torch.manual_seed(ctx.seed)  # the same initial weights on every rank and every attempt
     train_set, eval_set, collate = datasets(ctx, dcfg)
     sharded = tcfg["parallel"] == "fsdp"
