@@ -270,22 +270,28 @@ class LocalHosts:
         self._wait_started(h)
 
     def stop_ray(self, host: int, timeout: float = 30) -> None:
-        """SIGTERM makes `ray start --block` stop what it started; SIGKILL the rest of its group."""
-        h = self.hosts[host - 1]
-        if h.ray is None:
-            return
-        if h.ray.poll() is None:
-            h.ray.send_signal(signal.SIGTERM)
+        self._stop_ray([self.hosts[host - 1]], timeout)
+
+    def _stop_ray(self, hosts: list[Host], timeout: float) -> None:
+        """SIGTERM makes `ray start --block` stop what it started (every host's at once, the
+        same `timeout` for all of them); then SIGKILL the rest of each one's group."""
+        hosts = [h for h in hosts if h.ray is not None]
+        for h in hosts:
+            if h.ray.poll() is None:
+                h.ray.send_signal(signal.SIGTERM)
+        deadline = time.time() + timeout
+        for h in hosts:
             try:
-                h.ray.wait(timeout=timeout)
+                h.ray.wait(timeout=max(0.0, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(h.ray.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        h.ray.wait()
-        h.ray = None
+        for h in hosts:
+            try:
+                os.killpg(h.ray.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            h.ray.wait()
+            h.ray = None
 
     # -- faults ------------------------------------------------------------------------
     def partition(self, host: int) -> None:
@@ -347,18 +353,9 @@ class LocalHosts:
     # -- stop ----------------------------------------------------------------------------
     def down(self) -> None:
         t0 = time.time()
-        # Every host's `ray start` told to stop at once, then 3 s for all of them together:
-        # nothing on a test host is kept, and one by one they waited up to 10 s each.
-        running = [h for h in self.hosts if h.ray is not None and h.ray.poll() is None]
-        for h in running:
-            h.ray.send_signal(signal.SIGTERM)
-        for h in running:
-            try:
-                h.ray.wait(timeout=max(0.0, t0 + 3 - time.time()))
-            except subprocess.TimeoutExpired:
-                pass
-        for h in reversed(self.hosts):
-            self.stop_ray(h.index, timeout=0)
+        # 3 s for all hosts together: nothing on a test host is kept (one by one, each waited
+        # up to 10 s).
+        self._stop_ray(list(reversed(self.hosts)), timeout=3)
         if self.tag is not None:
             remove_instance(self.tag)
         for h in self.hosts:  # killed with the namespace's other processes: reap them

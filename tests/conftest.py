@@ -91,7 +91,8 @@ class CliBatch:
             cmd = cli_command(folder / "run", *storage, *overrides)
             procs[key] = subprocess.Popen(cmd, cwd=self.cwd, env=cli_env(self.env), stdout=out,
                                           stderr=err, text=True)
-            out.close(), err.close()
+            out.close()
+            err.close()
             _started.append(procs[key])
         results = {}
         for key, proc in procs.items():
