@@ -110,9 +110,13 @@ class RunRecord:
     def evaluated(self, step: int, metrics: dict) -> None:
         self.evaluation = {"step": step, "metrics": dict(metrics)}
 
-    def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float) -> None:
+    def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float,
+                   write_s: float = 0.0) -> None:
+        """save_s: the step blocked; write_s: the upload waiting for files still being
+        written in the background (a future from write); upload_s: from then to the commit."""
         self.checkpoints.append({"step": step, "uri": uri, "bytes": nbytes,
-                                 "save_s": round(save_s, 4), "upload_s": round(upload_s, 4)})
+                                 "save_s": round(save_s, 4), "write_s": round(write_s, 4),
+                                 "upload_s": round(upload_s, 4)})
 
     def warning(self, message: str) -> None:
         self.warnings.append(message)

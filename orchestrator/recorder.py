@@ -117,14 +117,17 @@ class RunRecorder:
             self.curves.add(step, {f"eval/{k}": v for k, v in metrics.items()})
         self._write(force=True)
 
-    def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float) -> None:
-        self.record.checkpoint(step, uri, nbytes, save_s, upload_s)
+    def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float,
+                   write_s: float = 0.0) -> None:
+        self.record.checkpoint(step, uri, nbytes, save_s, upload_s, write_s)
         self._checkpoints_untold += 1
         now = time.monotonic()
         if step == self.record.total_steps or now - self._checkpoint_told_at >= CHECKPOINT_NOTICE_EVERY_S:
             more = self._checkpoints_untold - 1
+            written = f"written in the background {write_s:.2f} s, " if write_s else ""
             self._notice(f"checkpoint committed: step {step}, {size(nbytes)} (save {save_s:.2f} s, "
-                         f"upload {upload_s:.2f} s)" + (f"; {more} more since the last line" if more else ""))
+                         f"{written}upload {upload_s:.2f} s)"
+                         + (f"; {more} more since the last line" if more else ""))
             self._checkpoints_untold, self._checkpoint_told_at = 0, now
         if self.curves:
             self.curves.add(step, {"checkpoint/save_seconds": save_s,

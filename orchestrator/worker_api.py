@@ -190,7 +190,11 @@ class WorkerContext:
         local directory (any format; it may write none, as with replicated state where rank 0
         alone writes). The step waits only for ``write``: the files are uploaded in the
         background, and the checkpoint is committed (manifest written last by rank 0) only
-        once every rank's files are stored and their sizes checked."""
+        once every rank's files are stored and their sizes checked.
+        ``write`` may instead return a future (anything with ``result()``, such as
+        ``torch.distributed.checkpoint.async_save``'s) that finishes the files in the
+        background: the upload starts once it resolves, and a future that raises leaves the
+        checkpoint uncommitted."""
         if step <= self._last_saved:
             return
         self._last_saved = step
@@ -200,11 +204,12 @@ class WorkerContext:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         started = time.perf_counter()
-        write(folder)
+        pending = write(folder)
         meta = {"step": step, "world_size": self.world_size, "seed": self.seed}
         if self._batches is not None:
             meta["data"] = self._batches.position(step)
-        self._committer.snapshot(step, folder, meta, time.perf_counter() - started)
+        self._committer.snapshot(step, folder, meta, time.perf_counter() - started,
+                                 pending if callable(getattr(pending, "result", None)) else None)
         self._policy.saved(time.monotonic())
 
     # -- progress and preemption ---------------------------------------------------------
@@ -298,7 +303,7 @@ class WorkerContext:
     def _committed(self, done: Committed) -> None:
         ref = done.saved.ref
         self._spec.recorder.checkpoint.remote(ref.step, ref.uri, done.saved.bytes, done.save_s,
-                                              done.upload_s)
+                                              done.upload_s, done.write_s)
         self._store.prune(self._spec.checkpoint.keep, protect=self._start.protect)
 
     def _not_committed(self, step: int, exc: Exception) -> None:

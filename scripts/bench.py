@@ -72,6 +72,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--lm-threads", type=int, default=2, help="both sides' torch threads")
     g.add_argument("--fsdp-steps", type=int, default=3,
                    help="steps of the ~101M-parameter runs (checkpoints: every N of 4N steps)")
+    g.add_argument("--fsdp-layers", type=int, default=8,
+                   help="fsdp_memory's blocks of width 1024 (8: ~101M parameters, 16: ~202M)")
     return p
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,36 @@ def test_every_ranks_part_is_committed_together_manifest_last(store, tmp_path):
     assert not any(f.exists() for f in folders.values())
     ref, got, _ = load_newest_intact(store, tmp_path)
     assert got == {"model.pt": b"weights", "shards/2.bin": b"x" * 5000}
+
+
+def test_files_a_future_finishes_are_uploaded_after_it_and_a_failed_one_commits_nothing(
+        store, tmp_path):
+    """write(dir) may return a future (DCP's async_save): the committer uploads the folder
+    only once it resolves, and a future that raises leaves the checkpoint uncommitted."""
+    release, failures = threading.Event(), []
+    committer = Committer(store, 0, 1, "att", asynchronous=True,
+                          on_failure=lambda step, exc: failures.append((step, str(exc))))
+    folder = rank_folder(tmp_path, 0, {})
+    pending = Future()
+
+    def finish() -> None:  # the background write, done after the step went on
+        release.wait(10)
+        (folder / "shard.bin").write_bytes(b"s" * 300)
+        pending.set_result(None)
+
+    threading.Thread(target=finish).start()
+    committer.snapshot(5, folder, {"step": 5}, pending=pending)
+    assert not store.is_committed(5)  # still being written: nothing uploaded
+    release.set()
+    committer.flush()
+    assert store.read_manifest(store.latest())["files"]["shard.bin"]["bytes"] == 300
+
+    failed = Future()
+    failed.set_exception(OSError("disk full"))
+    later = rank_folder(tmp_path / "later", 0, {"shard.bin": b"partial"})
+    committer.snapshot(6, later, {"step": 6}, pending=failed)
+    committer.close()
+    assert failures == [(6, "disk full")] and store.latest().step == 5 and not later.exists()
 
 
 def test_a_missing_part_is_never_committed_and_the_older_checkpoint_stays_latest(store, tmp_path):

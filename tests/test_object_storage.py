@@ -152,7 +152,8 @@ def sharded_state(store: CheckpointStore, tmp_path, name: str) -> dict:
 def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
         ray_head, s3_server, bucket, tmp_path):
     """FSDP on 2 workers, each rank's shard of a 17M-parameter MLP (~68 MB with momentum)
-    uploaded to S3: rank 1 killed while it uploads step 20's shard, so step 20 is never the
+    written in the background (DCP's async_save) and uploaded to S3: rank 1 killed once its
+    shard of step 20 is being written out for the upload, so step 20 is never the
     latest and the restart resumes from step 10; the run then ends with the same parameters,
     bit for bit, as one that was never interrupted."""
     import glob
@@ -182,6 +183,8 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
     assert proc.returncode == 0, out[-4000:]
     rec = read_record(tmp_path / "killed")
     assert rec["restarts"] == 1 and [w["step"] for w in rec["world_sizes"]] == [0, 10], rec
+    # The step waited only for the in-memory copy: the upload waited for the files after it.
+    assert any(c["write_s"] > 0 for c in rec["checkpoints"]), rec["checkpoints"]
     manifest = store.read_manifest(store.latest())
     assert {n: e["rank"] for n, e in manifest["files"].items()} == {
         "dcp/.metadata": 0, "dcp/__0_0.distcp": 0, "dcp/__1_0.distcp": 1}

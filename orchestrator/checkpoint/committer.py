@@ -1,6 +1,7 @@
 """Checkpoints without stalling training: the step waits only for the local snapshot.
 
-Every rank has a Committer. The snapshot is the folder the rank's ``write(dir)`` filled; the
+Every rank has a Committer. The snapshot is the folder the rank's ``write(dir)`` filled (or
+is filling, when write returned a future: the committer waits for it first); the
 committer takes it over, and a background thread stores it as this rank's part of the
 checkpoint (hashing, uploading, retrying through outages). On rank 0 the same thread then
 waits for every other rank's part and commits by writing the manifest last. With
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orchestrator.checkpoint.retry import DEFAULT_BACKOFF, Backoff
 from orchestrator.checkpoint.store import CheckpointStore, SavedCheckpoint
@@ -30,13 +32,15 @@ class Snapshot:
     folder: Path  # this rank's files; the committer deletes the folder when it is done
     meta: dict
     save_s: float = 0.0
+    pending: Any = None  # a future that finishes writing the folder, or None
 
 
 @dataclass
 class Committed:
     saved: SavedCheckpoint
     save_s: float  # the longest time a rank's step was blocked taking its snapshot
-    upload_s: float  # from rank 0's hand-over to the commit
+    upload_s: float  # from rank 0's files being complete to the commit
+    write_s: float = 0.0  # the longest a rank's upload waited for its files (a pending write)
 
 
 class Committer:
@@ -58,10 +62,12 @@ class Committer:
         self._thread: threading.Thread | None = None
         self.committed_steps: list[int] = []  # rank 0: committed; others: part stored
 
-    def snapshot(self, step: int, folder: Path, meta: dict, save_s: float = 0.0) -> float:
-        """Hand this rank's files over; return the seconds the step was blocked in here."""
+    def snapshot(self, step: int, folder: Path, meta: dict, save_s: float = 0.0,
+                 pending: Any = None) -> float:
+        """Hand this rank's files over (``pending``: a future that finishes writing them);
+        return the seconds the step was blocked in here."""
         started = time.perf_counter()
-        snap = Snapshot(step, Path(folder), meta, save_s)
+        snap = Snapshot(step, Path(folder), meta, save_s, pending)
         if self.asynchronous:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="checkpoint-upload",
@@ -95,18 +101,23 @@ class Committer:
                 self._queue.task_done()
 
     def _store(self, snap: Snapshot) -> None:
-        started = time.perf_counter()
+        started, write_s = time.perf_counter(), 0.0
         try:
+            if snap.pending is not None:
+                snap.pending.result()  # the files are complete (it raises if writing failed)
+                write_s = time.perf_counter() - started
+                started = time.perf_counter()
             if self.store.is_committed(snap.step):  # an earlier attempt committed it: keep that
                 return
             self.store.upload_part(snap.step, self.rank, self.attempt, snap.folder, self.backoff,
-                                   note={"save_s": round(snap.save_s, 4)})
+                                   note={"save_s": round(snap.save_s, 4), "write_s": round(write_s, 4)})
             saved = None
             if self.rank == 0:
                 parts = self.store.wait_for_parts(snap.step, self.attempt, self.world_size,
                                                   self.backoff.deadline_s)
                 saved = self.store.commit(snap.step, parts, snap.meta, self.backoff)
                 save_s = max(p.get("save_s", 0.0) for p in parts.values())
+                write_s = max(p.get("write_s", 0.0) for p in parts.values())
         except Exception as exc:  # the run goes on; the next checkpoint tries again
             log.error("checkpoint at step %d was not committed: %s", snap.step,
                       str(exc).splitlines()[0][:300])
@@ -116,4 +127,4 @@ class Committer:
             shutil.rmtree(snap.folder, ignore_errors=True)
         self.committed_steps.append(snap.step)
         if saved is not None:
-            self.on_commit(Committed(saved, save_s, time.perf_counter() - started))
+            self.on_commit(Committed(saved, save_s, time.perf_counter() - started, write_s))

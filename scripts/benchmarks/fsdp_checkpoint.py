@@ -3,9 +3,9 @@ of fsdp_memory (a checkpoint of ~1.2 GiB: parameters and AdamW's two moments, ha
 rank), to SeaweedFS on loopback (started here).
 
 - Step blocked per checkpoint, async upload against sync (checkpoint.async_upload=false): from
-  the run record, save_s (the rank's write(dir): DCP onto local disk) for async, save_s +
-  upload_s for sync; medians over each run's 4 checkpoints (a process's first DCP save costs
-  ~1.5 s more than the next ones: planning caches, measured without Ray).
+  the run record, save_s (the rank's write(dir): DCP's async_save copying its shards in
+  memory) for async; save_s + write_s (the files written from that copy) + upload_s for sync,
+  where the step waits for all of it; medians over each run's 4 checkpoints.
 - Stored bytes per second: the sync run's upload_s of a checkpoint (nothing else running, as
   for the raw uploads) against plain pyarrow uploads of the same files (one thread per rank's
   files, as the ranks upload), in the same run. The async run's uploads share the 2 cores with
@@ -140,7 +140,7 @@ def summarize(runs: dict[str, dict], raw: dict, memory: list[dict]) -> dict:
 
     a, s = runs["async"]["checkpoints"], runs["sync"]["checkpoints"]
     blocked_async = med([c["save_s"] for c in a])
-    blocked_sync = med([c["save_s"] + c["upload_s"] for c in s])
+    blocked_sync = med([c["save_s"] + c.get("write_s", 0.0) + c["upload_s"] for c in s])
     def rate(checkpoints: list[dict]) -> float | None:
         return med([c["bytes"] / c["upload_s"] / MIB for c in checkpoints if c["upload_s"] > 0])
 

@@ -27,6 +27,12 @@ from scripts.benchmarks.memory import run_watched
 EXAMPLE = REPO / "examples" / "char_lm"
 GOALS = {2: Goal("<=", 0.6), 4: Goal("<=", 0.35)}
 BIG = ["trainer.model.dim=1024", "trainer.model.layers=8", "trainer.model.heads=16"]
+
+
+def big(layers: int) -> list[str]:
+    """The widened LM example with ``layers`` blocks (~12.6M parameters each)."""
+    return [o if not o.startswith("trainer.model.layers=") else f"trainer.model.layers={layers}"
+            for o in BIG]
 TINY = ["trainer.model.dim=32", "trainer.model.layers=1", "trainer.model.heads=2"]
 
 
@@ -64,15 +70,16 @@ def run(args: argparse.Namespace, work: Path) -> dict:
                                                   overrides("ddp", workers, TINY, 2))
         for parallel in ("ddp", "fsdp"):
             runs[f"{parallel}@{workers}"] = worker_peak(
-                work, f"{parallel}-{workers}", overrides(parallel, workers, BIG, args.fsdp_steps))
-    return summarize(runs)
+                work, f"{parallel}-{workers}",
+                overrides(parallel, workers, big(args.fsdp_layers), args.fsdp_steps))
+    return summarize(runs, args.fsdp_layers)
 
 
 def above(peak: float | None, baseline: float | None) -> float | None:
     return peak - baseline if peak is not None and baseline is not None else None
 
 
-def summarize(runs: dict[str, dict]) -> dict:
+def summarize(runs: dict[str, dict], layers: int = 8) -> dict:
     figures = {}
     for workers in (2, 4):
         base = runs[f"baseline@{workers}"]["worker_max_mib"]
@@ -80,7 +87,8 @@ def summarize(runs: dict[str, dict]) -> dict:
         figures[f"peak_rss_fsdp_vs_ddp_at_{workers}"] = figure(ratio(fsdp, ddp), GOALS[workers])
         figures[f"above_baseline_fsdp_vs_ddp_at_{workers}"] = figure(
             ratio(above(fsdp, base), above(ddp, base)), GOALS[workers])
-    return {"job": {"model": "TinyGPT dim 1024, 8 blocks, 16 heads (~101M parameters)",
+    params_m = round(0.6 + 12.6 * layers)  # embeddings and head, then 12.6M a block
+    return {"job": {"model": f"TinyGPT dim 1024, {layers} blocks, 16 heads (~{params_m}M parameters)",
                     "optimizer": "AdamW", "global_batch": "8 x 64 bytes", "fsdp": "meta_init",
                     "release_host_memory": True},
             "figures": figures, "runs": runs}

@@ -1,8 +1,10 @@
 """One rank of fsdp_checkpoint's memory measurement, run by torchrun (2 processes, gloo, no
-Ray): the LM example's ~101M-parameter model sharded with the trainer's own FSDP code, one
-AdamW step (its moments exist), then the trainer's own save (TrainingState.write: DCP onto
-local disk) and the orchestrator's own upload of this rank's part to S3, with the resident
-set sampled every 10 ms. Prints this rank's JSON line: RSS before, peak while saving, shard.
+Ray): the LM example's ~101M-parameter model sharded with the trainer's own FSDP code (and
+its allocator setting for FSDP on CPU, trainer.release_host_memory), one AdamW step (its
+moments exist), then the trainer's own save (TrainingState.write: DCP's async_save, a copy of
+the shards in memory written to local disk in the background) and the orchestrator's own
+upload of this rank's part to S3, with the resident set sampled every 10 ms. Prints this
+rank's JSON line: RSS before, peak while saving, shard.
 
     torchrun --nproc-per-node=2 scripts/benchmarks/save_memory_worker.py ENDPOINT BUCKET/PREFIX
 """
@@ -27,6 +29,7 @@ from charlm.model import TinyGPT  # noqa: E402
 from orchestrator.checkpoint.committer import Committer  # noqa: E402
 from orchestrator.checkpoint.store import CheckpointStore  # noqa: E402
 from orchestrator.storage import Credentials, StorageSpec  # noqa: E402
+from trainers.pytorch.host_memory import release_freed_memory, wanted  # noqa: E402
 from trainers.pytorch.parallel import materialize, shard  # noqa: E402
 from trainers.pytorch.precision import Precision  # noqa: E402
 from trainers.pytorch.state import TrainingState  # noqa: E402
@@ -41,6 +44,8 @@ def rss_mib() -> float:
 
 def main() -> None:
     endpoint, uri = sys.argv[1], sys.argv[2]
+    if wanted(None, "fsdp", "cpu"):  # as the trainer does for FSDP on CPU
+        release_freed_memory()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     with torch.device("meta"):
@@ -70,18 +75,19 @@ def main() -> None:
         folder = Path(tmp) / "step_1"
         folder.mkdir()
         started = time.perf_counter()
-        state.write(folder)  # the step waits for this
+        pending = state.write(folder)  # the step waits for this: the shards copied
         written = time.perf_counter() - started
-        shard_bytes = sum(p.stat().st_size for p in folder.rglob("*.distcp"))
-        committer.snapshot(1, folder, {"step": 1}, written)
+        committer.snapshot(1, folder, {"step": 1}, written, pending)
         committer.close()  # this rank's part stored (rank 0: the checkpoint committed)
         saved = time.perf_counter() - started
     done.set()
     sampler.join()
+    files = committer.store.parts(1, "bench")[rank]["files"]
+    shard_bytes = sum(f["bytes"] for name, f in files.items() if name.endswith(".distcp"))
     print(json.dumps({"rank": rank, "rss_before_mib": round(before, 1),
                       "peak_while_saving_mib": round(peak[0], 1),
                       "added_mib": round(peak[0] - before, 1),
-                      "shard_mib": round(shard_bytes / 2**20, 1), "write_s": round(written, 3),
+                      "shard_mib": round(shard_bytes / 2**20, 1), "blocked_s": round(written, 3),
                       "write_and_upload_s": round(saved, 3)}), flush=True)
     dist.destroy_process_group()
 
