@@ -11,6 +11,7 @@ Benchmarks (scripts/benchmarks/*.py; baselines in scripts/baselines/, each runna
   memory          peak RSS of the driver and each worker, default job vs plain Ray Train
   lm_throughput   the LM example's tokens/s on 1 worker vs a plain single-process torch loop
   fsdp_memory     peak RSS per worker, FSDP vs DDP, 2 and 4 workers, ~101M-parameter transformer
+                  (--fsdp-layers 16: ~202M)
   fsdp_checkpoint a ~1.2 GiB sharded checkpoint to S3: async vs sync blocking, upload rate, memory
 
 Every comparison runs its sides in the same run, interleaved (A B, then B A, ...), and reports

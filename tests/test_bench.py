@@ -167,11 +167,15 @@ def test_fsdp_figures():
     figs = fsdp_memory.summarize({k: {"worker_max_mib": v} for k, v in peak.items()})["figures"]
     assert figs["peak_rss_fsdp_vs_ddp_at_2"] == {"value": 0.6, "goal": "<= 0.6", "met": True}
     assert figs["above_baseline_fsdp_vs_ddp_at_4"]["value"] == 0.25
-    ckpt = {"bytes": 1 << 30, "save_s": 0.5, "upload_s": 8.0}
+    def ckpt(step: int, save_s: float, write_s: float = 0.0) -> dict:
+        return {"step": step, "bytes": 1 << 30, "save_s": save_s, "write_s": write_s, "upload_s": 8.0}
+
+    # The last checkpoint (written directly at the run's end) is left out of the blocked times.
     out = fsdp_checkpoint.summarize(
-        {"async": {"checkpoints": [ckpt]}, "sync": {"checkpoints": [ckpt]}},
+        {"async": {"checkpoints": [ckpt(1, 0.5), ckpt(2, 3.0)]},
+         "sync": {"checkpoints": [ckpt(1, 0.5, 1.5), ckpt(2, 3.0)]}},
         {"bytes": 1 << 30, "seconds": 7.2, "shard_bytes_by_rank": {0: 1 << 29, 1: 1 << 29}},
         [{"rank": 0, "added_mib": 60.0, "shard_mib": 600.0}])["figures"]
-    assert out["blocked_async_vs_sync"]["value"] == round(0.5 / 8.5, 3)
+    assert out["blocked_async_vs_sync"]["value"] == round(0.5 / (0.5 + 1.5 + 8.0), 3)
     assert out["upload_vs_raw_pyarrow"]["value"] == 0.9
     assert out["memory_added_vs_shard"] == {"value": 0.1, "goal": "<= 1.2", "met": True}

@@ -1,6 +1,7 @@
 """Models larger than one worker: peak resident memory (VmHWM) per training worker, FSDP
 against DDP, at 2 and 4 workers, on a ~101M-parameter transformer (the LM example widened:
-8 blocks of width 1024; AdamW, so parameters + gradients + 2 moments = 16 bytes a parameter).
+8 blocks of width 1024, or --fsdp-layers N: ~202M at 16; AdamW, so parameters + gradients +
+2 moments = 16 bytes a parameter).
 
 Both figures are reported: the whole peak RSS of the largest worker, and its peak above the
 worker's own baseline (the same job with a tiny model: Python, torch, Ray and the data, ~0.5

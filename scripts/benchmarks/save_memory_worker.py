@@ -75,7 +75,7 @@ def main() -> None:
         folder = Path(tmp) / "step_1"
         folder.mkdir()
         started = time.perf_counter()
-        pending = state.write(folder)  # the step waits for this: the shards copied
+        pending = state.write(folder, background=True)  # a periodic save: the shards copied
         written = time.perf_counter() - started
         committer.snapshot(1, folder, {"step": 1}, written, pending)
         committer.close()  # this rank's part stored (rank 0: the checkpoint committed)

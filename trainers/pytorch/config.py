@@ -38,6 +38,11 @@ class FSDPConfig:
     # (every module's reset_parameters(), seeded per rank): for models that do not fit one
     # worker whole. Parameters a module creates without reset_parameters are not initialised.
     meta_init: bool = False
+    # A periodic checkpoint blocks the step only while this rank's shards are copied in memory
+    # (the copy, 0.75x the sharded state with Adam, is freed once written to disk in the
+    # background); false: the step waits for the write to disk, and no copy is made. The
+    # last checkpoint and a preemption's are always written directly (nothing to overlap).
+    async_save: bool = True
 
 
 @dataclass

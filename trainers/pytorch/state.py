@@ -7,9 +7,11 @@ adds DCP's .metadata): nothing is gathered on one rank, and a checkpoint written
 size loads at another (DCP reshards). The scheduler's and gradient scaler's states, the same
 on every rank, are rank 0's training_state.pt in both.
 
-The FSDP step waits only for a copy of this rank's shards in memory (DCP's async_save): the
-files are written from that copy in a background thread, whose collectives (planning, the
-metadata) run on a process group of their own so they never interleave with the training's.
+In the background (trainer.fsdp.async_save, periodic checkpoints), the FSDP step waits only
+for a copy of this rank's shards in memory (DCP's async_save): the files are written from that
+copy in a background thread, whose collectives (planning, the metadata) run on a process
+group of their own so they never interleave with the training's. The copy costs memory, 0.75x
+the sharded state with Adam (parameters and both moments), until the files are written.
 """
 
 from __future__ import annotations
@@ -39,31 +41,36 @@ class TrainingState:
             extras["scaler"] = self.precision.scaler.state_dict()
         return extras
 
-    def write(self, folder: Path) -> Future | None:
-        """This rank's files into ``folder``; for FSDP, a future that finishes them."""
+    def write(self, folder: Path, background: bool = False) -> Future | None:
+        """This rank's files into ``folder``; sharded and in the background, a future that
+        finishes them."""
         if self.rank == 0 and (extras := self._extras()):
             torch.save(extras, folder / "training_state.pt")
         if self.sharded:  # collective: every rank writes its shards
-            return self._write_shards(folder)
+            return self._write_shards(folder, background)
         if self.rank == 0:
             torch.save(self.module.state_dict(), folder / "model.pt")
             torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
         return None
 
-    def _write_shards(self, folder: Path) -> Future:
+    def _write_shards(self, folder: Path, background: bool) -> Future | None:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         if self._writing is not None:  # one save's collectives at a time on the group
             wait([self._writing])  # its failure is the committer's to report
-        if self._group is None:
-            self._group = dist.new_group(backend="gloo")  # DCP's collectives are CPU objects
+            self._writing = None
         model, optimizer = get_state_dict(self.module, self.optimizer)
+        state = {"model": model, "optimizer": optimizer}
         # No fsync: the folder is only staging for the upload.
         writer = dcp.FileSystemWriter(folder / "dcp", sync_files=False)
-        self._writing = dcp.async_save({"model": model, "optimizer": optimizer},
-                                       storage_writer=writer, process_group=self._group)
+        if not background:
+            dcp.save(state, storage_writer=writer)
+            return None
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")  # DCP's collectives are CPU objects
+        self._writing = dcp.async_save(state, storage_writer=writer, process_group=self._group)
         return self._writing
 
     def load(self, folder: Path, device: torch.device) -> None:

@@ -10,6 +10,7 @@ replays the same computation as one that never stopped.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 
 import ray.train.torch
 import torch
@@ -84,6 +85,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     scheduler = build_scheduler(tcfg, optimizer)
     precision = Precision(tcfg["precision"], device, autocast=not sharded)
     state = TrainingState(module, optimizer, scheduler, precision, ctx.rank, sharded)
+    background_saves = sharded and (tcfg.get("fsdp") or {}).get("async_save", True)
     if (path := ctx.restore()) is not None:
         state.load(path, device)
 
@@ -123,7 +125,9 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         if ctx.should_evaluate(step + 1):
             ctx.eval_done(step + 1, evaluate())
         if ctx.should_save(step + 1):
-            ctx.save(step + 1, state.write)
+            # The last checkpoint and a preemption's: no step to overlap, so no copy.
+            last = ctx.should_preempt() or step + 1 >= ctx.total_steps
+            ctx.save(step + 1, partial(state.write, background=background_saves and not last))
         if ctx.should_preempt():
             return None
     return evaluate()
