@@ -27,13 +27,14 @@ from scripts.benchmarks.memory import run_watched
 
 EXAMPLE = REPO / "examples" / "char_lm"
 GOALS = {2: Goal("<=", 0.6), 4: Goal("<=", 0.35)}
-BIG = ["trainer.model.dim=1024", "trainer.model.layers=8", "trainer.model.heads=16"]
 
 
 def big(layers: int) -> list[str]:
     """The widened LM example with ``layers`` blocks (~12.6M parameters each)."""
-    return [o if not o.startswith("trainer.model.layers=") else f"trainer.model.layers={layers}"
-            for o in BIG]
+    return ["trainer.model.dim=1024", f"trainer.model.layers={layers}", "trainer.model.heads=16"]
+
+
+BIG = big(8)  # ~101M parameters
 TINY = ["trainer.model.dim=32", "trainer.model.layers=1", "trainer.model.heads=2"]
 
 

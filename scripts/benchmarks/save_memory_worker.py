@@ -29,7 +29,7 @@ from charlm.model import TinyGPT  # noqa: E402
 from orchestrator.checkpoint.committer import Committer  # noqa: E402
 from orchestrator.checkpoint.store import CheckpointStore  # noqa: E402
 from orchestrator.storage import Credentials, StorageSpec  # noqa: E402
-from trainers.pytorch.host_memory import release_freed_memory, wanted  # noqa: E402
+from trainers.pytorch.host_memory import release_freed_memory  # noqa: E402
 from trainers.pytorch.parallel import materialize, shard  # noqa: E402
 from trainers.pytorch.precision import Precision  # noqa: E402
 from trainers.pytorch.state import TrainingState  # noqa: E402
@@ -44,8 +44,7 @@ def rss_mib() -> float:
 
 def main() -> None:
     endpoint, uri = sys.argv[1], sys.argv[2]
-    if wanted(None, "fsdp", "cpu"):  # as the trainer does for FSDP on CPU
-        release_freed_memory()
+    release_freed_memory()  # as the trainer does for FSDP on CPU (release_host_memory: null)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     with torch.device("meta"):
