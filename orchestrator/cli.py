@@ -29,7 +29,12 @@ register_configs()
 def hydra_app(cfg: DictConfig) -> None:
     from orchestrator.launch import launch
 
-    code = launch(cfg, Path(HydraConfig.get().runtime.output_dir), STARTED_AT)
+    try:
+        code = launch(cfg, Path(HydraConfig.get().runtime.output_dir), STARTED_AT)
+    except KeyboardInterrupt:  # before training started (Ray's start, the checks): nothing ran
+        print("interrupted before training started; nothing was written", file=sys.stderr,
+              flush=True)
+        code = 130
     if code:
         sys.exit(code)
 

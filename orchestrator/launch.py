@@ -17,8 +17,10 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from orchestrator.backends import Backend, check_cluster
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
+from orchestrator.interrupts import DeferredInterrupt
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display
+from orchestrator.placement_watch import PlacementWatch
 from orchestrator.ray_session import RaySession
 from orchestrator.record import RunRecord, redact
 from orchestrator.recorder import FaultReporter, start_recorder
@@ -53,6 +55,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                        plan.run_storage.uri, started_at=started_at)
     record_path = output_dir / "run.json"
     tensorboard_dir = output_dir / "tensorboard" if cfg.log.tensorboard else None
+    winding_down = DeferredInterrupt()  # armed once fit() returns (orchestrator/interrupts.py)
     try:
         # An elastic job gives up on a placement group Ray's stale view promised after the hang
         # timeout, not 60 s (orchestrator/scaling.py: a partitioned node's CPUs look free).
@@ -105,20 +108,33 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             # workers must give their CPUs back to the next trials.
             without_unneeded_actors(ray_trainer,
                                     embedded=not session.joined and not session.reused)
-            interrupted_by_ctrl_c(ray_trainer)
+            controller = interrupted_by_ctrl_c(ray_trainer)
             display = make_display(cfg.log.progress, training.info.step_unit,
                                    cfg.log.progress_every_s)
-            with ProgressWatcher(snapshots(recorder), display):
-                code, status, error = run_to_end(ray_trainer)
+            watch = PlacementWatch(lambda: ray.get(recorder.waiting_s.remote(), timeout=30),
+                                   cfg.cluster.placement_timeout_s,
+                                   describe_workers(scaling_args), controller.stop)
+            with ProgressWatcher(snapshots(recorder), display), watch:
+                code, status, error = run_to_end(ray_trainer, winding_down,
+                                                 bool(plan.resume_step), recorder)
+            if watch.reason:
+                code, status, error = 1, "failed", watch.reason
             permanent = ray.get(recorder.permanent_error.remote())
             if permanent:
                 code, status, error = 1, "failed", permanent
                 print(f"error: training failed permanently (the same error repeated after a "
                       f"restart), {permanent}", file=sys.stderr, flush=True)
+            elif code == 1:
+                print(f"error: {error}", file=sys.stderr, flush=True)
             final = ray.get(recorder.finish.remote(status, error))
     except ConfigError as exc:
         return input_error(exc)
+    finally:
+        winding_down.disarm()
     summarize(final, record_path)
+    if (winding_down.seen or session.interrupted) and code == 0:
+        log.warning("interrupted while shutting down, after the run %s", final["status"])
+        code = 130
     return code
 
 
@@ -152,25 +168,49 @@ def controller_env(hang_timeout_s: float, backend: Backend) -> dict[str, str]:
             **backend.controller_env}
 
 
-def interrupted_by_ctrl_c(ray_trainer) -> None:
+class Controller:
+    """Ray Train's controller actor, once fit() has made it: what the driver may ask of it."""
+
+    def __init__(self) -> None:
+        self.handle = None
+
+    def abort(self, timeout_s: float = 30.0) -> None:
+        """Stop the run's workers and the controller (fit() then raises RayActorError). A
+        controller busy waiting for a placement group does not answer: it is killed."""
+        if self.handle is None or not ray.is_initialized():
+            return
+        try:
+            ray.get(self.handle.abort.remote(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self.handle, no_restart=True)
+        except Exception:  # already gone: the driver goes on anyway
+            pass
+
+    def stop(self) -> None:
+        self.abort(timeout_s=5.0)
+
+
+def interrupted_by_ctrl_c(ray_trainer) -> Controller:
     """Ray Train 2.60's own SIGINT handler aborts the controller and then exits the driver
     (with code 1, nothing said, no record finished). Ours aborts it too, then raises
-    KeyboardInterrupt in fit(): the command says the newest checkpoint is kept, finishes the
-    run record and exits 130, as for a Ctrl-C at any other moment. A private hook, as above."""
+    KeyboardInterrupt in fit(): the command says what is kept, finishes the run record and
+    exits 130, as for a Ctrl-C at any other moment. A private hook, as above. Returns the
+    controller, known once fit() has made it."""
+    controller = Controller()
 
-    def register(controller) -> None:
+    def register(handle) -> None:
+        controller.handle = handle
+
         def on_sigint(signum, frame):
             # A second Ctrl-C is Python's plain KeyboardInterrupt.
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            try:
-                ray.get(controller.abort.remote(), timeout=30)
-            except Exception:  # already gone, or not answering: the driver exits anyway
-                pass
+            controller.abort()
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGINT, on_sigint)
 
     ray_trainer._register_sigint_handler = register
+    return controller
 
 
 def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
@@ -219,19 +259,46 @@ def worker_env(backend: Backend) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(path), **backend.worker_env}
 
 
-def run_to_end(ray_trainer) -> tuple[int, str, str | None]:
+def run_to_end(ray_trainer, winding_down: DeferredInterrupt, resumed: bool,
+               recorder) -> tuple[int, str, str | None]:
+    """fit(), and what it ended with: (exit code, run.json status, error). From its return on,
+    a Ctrl-C no longer interrupts (winding_down)."""
+    from ray.exceptions import RayActorError
     from ray.train import TrainingFailedError
 
     try:
         ray_trainer.fit()
     except TrainingFailedError as exc:
-        message = describe_failure(exc)
-        print(f"error: training failed: {message}", file=sys.stderr, flush=True)
-        return 1, "failed", message
+        return 1, "failed", f"training failed: {describe_failure(exc)}"
     except KeyboardInterrupt:
-        log.warning("interrupted; the newest committed checkpoint is kept for a resume")
-        return 130, "failed", "interrupted (SIGINT)"
+        winding_down.arm()
+        log.warning("interrupted; %s", kept_for_a_resume(recorder, resumed))
+        return 130, "interrupted", "interrupted (SIGINT)"
+    except RayActorError as exc:  # the controller died (or the placement watch stopped it)
+        return 1, "failed", f"Ray Train's controller ended: {actor_death(exc)}"
+    finally:
+        winding_down.arm()
     return 0, "succeeded", None
+
+
+def kept_for_a_resume(recorder, resumed: bool) -> str:
+    """What a resume of an interrupted run would start from, in words that match what exists."""
+    try:
+        checkpoints = ray.get(recorder.snapshot_checkpoints.remote(), timeout=10)
+    except Exception:
+        checkpoints = None
+    if checkpoints:
+        return (f"the newest committed checkpoint (step {checkpoints[-1]}) is kept for a resume:"
+                " the same command resumes from it")
+    if resumed:
+        return "no checkpoint was committed in this run; the one it resumed from is kept"
+    return "no checkpoint was committed yet: the same command starts from step 0"
+
+
+def actor_death(exc: Exception) -> str:
+    """Ray's many-line ActorDiedError in one line: what died, and Ray's reason (its last line)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return " ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(exc).__name__
 
 
 def describe_failure(exc: Exception) -> str:

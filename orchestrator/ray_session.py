@@ -11,12 +11,15 @@ import ray
 
 from orchestrator.config.schema import ClusterConfig
 from orchestrator.errors import ConfigError
+from orchestrator.interrupts import DeferredInterrupt
 from orchestrator.observe.logs import quiet_ray_loggers, ray_init_kwargs
+from orchestrator.processes import descendants, stop_leftovers
 
 log = logging.getLogger("orchestrator")
 
 CURRENT_CLUSTER_FILE = Path("/tmp/ray/ray_current_cluster")  # written by `ray start --head`
 PROBE_TIMEOUT_S = 5.0
+LEFTOVER_GRACE_S = 3.0  # an embedded cluster's processes still running after ray.shutdown()
 
 
 def resolve_address(address: str) -> str:
@@ -89,6 +92,7 @@ class RaySession:
         self.dashboard_url: str | None = None
         self.joined = cluster.address is not None
         self.reused = False
+        self.interrupted = False  # a Ctrl-C came while Ray was shutting down
 
     def __enter__(self) -> RaySession:
         c = self.cluster
@@ -136,8 +140,14 @@ class RaySession:
             raise ConfigError(f"cluster: Ray did not start ({type(exc).__name__}: {text}){hint}") from None
 
     def __exit__(self, *exc) -> None:
-        if not self.reused:
+        if self.reused:
+            return
+        # The shutdown runs to its end whatever the user presses (orchestrator/interrupts.py).
+        with DeferredInterrupt() as guard:
+            ours = [] if self.joined else descendants(os.getpid())
             ray.shutdown()
+            stop_leftovers(ours, LEFTOVER_GRACE_S)
+        self.interrupted = guard.seen
 
     @staticmethod
     def total_cpus() -> float:
@@ -166,3 +176,4 @@ class RaySession:
         else:
             where = os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token"
         return f"sign in with the token in {where}, or run `ray get-auth-token`"
+

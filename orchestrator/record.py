@@ -118,6 +118,22 @@ class RunRecord:
                                  "save_s": round(save_s, 4), "write_s": round(write_s, 4),
                                  "upload_s": round(upload_s, 4)})
 
+    def checkpoint_found(self, step: int, uri: str, nbytes: int) -> bool:
+        """A committed checkpoint a worker group resumes from: rank 0 tells the recorder of
+        each commit without waiting, so a node lost right after committing can take that word
+        with it. Listed in step order, its timings unknown. True if it was missing. Not the
+        checkpoint the command itself started from: that one was committed before it."""
+        if not self.world_sizes or step <= (self.resumed_from_step or 0):
+            return False
+        if any(c["step"] == step for c in self.checkpoints):
+            return False
+        entry = {"step": step, "uri": uri, "bytes": nbytes, "save_s": None, "write_s": None,
+                 "upload_s": None, "found_at_resume": True}
+        at = next((i for i, c in enumerate(self.checkpoints) if c["step"] > step),
+                  len(self.checkpoints))
+        self.checkpoints.insert(at, entry)
+        return True
+
     def warning(self, message: str) -> None:
         self.warnings.append(message)
 

@@ -54,6 +54,9 @@ class RunRecorder:
             self.metrics = RunMetrics(record.run_name, record.trainer)
         self._written = 0.0
         self._published = float("-inf")
+        # Since when the run has had no worker group: from its start, and again from each
+        # group's failure until a worker of the next one starts (orchestrator/placement_watch.py).
+        self._no_group_since: float | None = time.monotonic()
         self._write(force=True)
 
     def _write(self, force: bool = False) -> None:
@@ -134,6 +137,11 @@ class RunRecorder:
                                    "checkpoint/upload_seconds": upload_s})
         self._write(force=True)
 
+    def checkpoint_found(self, step: int, uri: str, nbytes: int) -> None:
+        """A committed checkpoint of this run the record may lack (see RunRecord)."""
+        if self.record.checkpoint_found(step, uri, nbytes):
+            self._write(force=True)
+
     def warning(self, message: str) -> None:
         self.record.warning(message)
         self._notice(message, "WARNING")
@@ -145,7 +153,13 @@ class RunRecorder:
 
     def worker_started(self, rank: int, pid: int, node: str) -> None:
         self.record.worker_started(rank, pid, node)
+        self._no_group_since = None
         self._write(force=True)
+
+    def waiting_s(self) -> float | None:
+        """Seconds the run has waited for a worker group to start, or None while one runs."""
+        since = self._no_group_since
+        return None if since is None else time.monotonic() - since
 
     def worker_error(self, error: WorkerError) -> bool:
         """Record a worker's exception; True if it is permanent (do not retry)."""
@@ -158,11 +172,17 @@ class RunRecorder:
 
     def group_failed(self, errors: dict[int, str]) -> None:
         """Ray Train saw workers fail (a killed process included, which reports nothing)."""
+        if self._no_group_since is None:
+            self._no_group_since = time.monotonic()
         for rank, message in sorted(errors.items()):
             if rank not in self._failed_ranks:
                 self._failed_ranks.add(rank)
                 self._notice(f"fault: worker rank {rank} at step {self.record.steps}: {message}",
                              "WARNING")
+
+    def snapshot_checkpoints(self) -> list[int]:
+        """The steps of the checkpoints this run committed, oldest first."""
+        return [c["step"] for c in self.record.checkpoints]
 
     def permanent_error(self) -> str | None:
         return self.record.permanent_error

@@ -96,8 +96,12 @@ def choose_checkpoint(spec: WorkerSpec, cache: Path) -> tuple[dict, Path | None]
     if found is None:
         return {"step": 0}, None
     ref, path = found
-    meta = store.read_manifest(ref).get("meta", {})
+    manifest = store.read_manifest(ref)
+    meta = manifest.get("meta", {})
     spec.recorder.note.remote(f"resumed from {ref.uri} (step {ref.step})")
+    if not source:  # its commit's report may have died with the node that committed it
+        nbytes = sum(entry["bytes"] for entry in manifest.get("files", {}).values())
+        spec.recorder.checkpoint_found.remote(ref.step, ref.uri, nbytes)
     return {"step": ref.step, "source_uri": store.spec.uri if source else None, "meta": meta}, path
 
 

@@ -15,6 +15,7 @@ import pytest
 from scripts.local_cluster import (  # noqa: F401  (re-exported for the test modules)
     RayHead,
     add_node,
+    answers,
     clean_env,
     free_port,
     start_head,
@@ -171,13 +172,54 @@ def user_project(tmp_path: Path) -> Path:
     return target
 
 
+class SharedHead:
+    """The session's Ray head, replaced before its next use when a test that used it failed
+    or it no longer answers: one failure must not fail the tests after it (a broken head
+    failed every later run on it)."""
+
+    def __init__(self, tmp_path_factory):
+        self.factory = tmp_path_factory
+        self.head: RayHead | None = None
+        self.suspect = False  # a test that used it failed
+
+    def healthy(self) -> RayHead:
+        if self.head is not None and (self.suspect or self.head.process.poll() is not None
+                                      or not answers(self.head.address)):
+            stop_cluster(self.head)
+            self.head = None
+        if self.head is None:
+            self.head = start_head(self.factory.mktemp("ray-head"))
+            self.suspect = False
+        return self.head
+
+    def stop(self) -> None:
+        if self.head is not None:
+            stop_cluster(self.head)
+            self.head = None
+
+
 @pytest.fixture(scope="session")
-def ray_head(tmp_path_factory):
+def shared_head(tmp_path_factory):
+    holder = SharedHead(tmp_path_factory)
+    yield holder
+    holder.stop()
+
+
+@pytest.fixture
+def ray_head(shared_head):
     """One real Ray head for every test that joins a running cluster (tests that kill or add
-    nodes start clusters of their own)."""
-    head = start_head(tmp_path_factory.mktemp("ray-head"))
-    yield head
-    stop_cluster(head)
+    nodes start clusters of their own), checked before each test that uses it."""
+    return shared_head.healthy()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed and "ray_head" in getattr(item, "fixturenames", ()):
+        holder = item.funcargs.get("shared_head") if hasattr(item, "funcargs") else None
+        if holder is not None:
+            holder.suspect = True
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,21 @@ def test_a_bug_that_repeats_stops_the_run_without_burning_every_restart(ray_head
     assert "worker rank 0 at step 35: ValueError" in result.stderr
 
 
+def test_workers_the_cluster_cannot_place_stop_the_run_with_one_line(ray_head, tmp_path):
+    """4 workers of one CPU on the 2-CPU head: Ray Train alone waits forever, silently."""
+    result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}",
+                     f"storage.uri={tmp_path / 'ckpt'}", "cluster.workers=4",
+                     "cluster.cpus_per_worker=1", "cluster.placement_timeout_s=5", timeout=300)
+    assert result.returncode == 1, result.output[-3000:]
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [ln for ln in errors if "no room for {'CPU': 1.0} * 4 workers after" in ln]
+    assert len(errors) == 1 and "(cluster.placement_timeout_s=5); the cluster has 1 node: " in \
+        errors[0] and "CPU 2/2 free" in errors[0], result.stderr[-3000:]
+    assert "Traceback" not in result.output
+    rec = result.record
+    assert rec["status"] == "failed" and "no room for" in rec["error"] and rec["steps"] == 0
+
+
 HANG_TIMEOUT_S = 5  # the least failure.hang_timeout_s allows: what is tested does not need more
 
 

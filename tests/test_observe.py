@@ -27,7 +27,15 @@ from orchestrator.observe.progress import ProgressState, bar_line, clock, progre
 from orchestrator.observe.rate import Rate
 from orchestrator.record import RunRecord
 from orchestrator.storage import StorageSpec
-from tests.conftest import REPO, cli_command, cli_env, free_port, read_record, run_cli, wait_for
+from tests.conftest import (
+    REPO,
+    _started,
+    cli_command,
+    cli_env,
+    free_port,
+    read_record,
+    wait_for,
+)
 
 # Ray's own lines that used to fill the terminal (see NOTES.md), by the patterns they carry.
 RAY_NOISE = [r"\(RayTrainWorker pid=\d+", r"\(TrainController pid=\d+", r"PlacementGroupCleaner",
@@ -183,7 +191,12 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
         # Ray exports every few seconds: scrape while the run goes until the restart shows.
         seen: dict[str, float] = {}
         while proc.poll() is None:
-            seen = scrape(metrics_url, rec["run_name"])
+            try:
+                seen = scrape(metrics_url, rec["run_name"])
+            except OSError:  # the endpoint closes with Ray at the run's end
+                if proc.poll() is not None or read_record(run_dir).get("status") != "running":
+                    break
+                raise
             if seen.get("ray_orchestrator_restarts") == 1 and SERIES <= seen.keys():
                 break
             time.sleep(1)
@@ -253,17 +266,56 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
     assert all("(raylet)" in ln for ln in others), others
 
 
-def test_ray_verbose_brings_rays_lines_back_and_the_bar_draws(tmp_path):
-    result = run_cli(tmp_path / "run", f"storage.uri={tmp_path / 'ckpt'}",
-                     f"cluster.dashboard_port={free_port()}", "trainer.max_steps=30",
-                     "log.ray_verbose=true", "log.progress=bar", "log.tensorboard=false",
-                     "log.metrics=false")
-    assert result.returncode == 0, result.output[-4000:]
-    assert re.search(r"\(RayTrainWorker pid=\d+", result.output), result.output[-3000:]
-    assert re.search(r"\(TrainController pid=\d+", result.output)
-    assert "Token authentication is enabled" in result.output or not token_headers()
+ACTOR_ON_THE_HEAD = """
+import os, ray
+ray.init(address=os.environ["HEAD"], log_to_driver=False)
+@ray.remote(num_cpus=0)
+class A:
+    def f(self):
+        return 7
+print(ray.get(A.remote().f.remote(), timeout=60))
+"""
+
+
+def test_ray_verbose_brings_rays_lines_back_the_bar_draws_and_ctrl_c_at_the_end_is_quiet(
+        tmp_path, ray_head):
+    """Also the regression test of a Ctrl-C that lands while the command shuts its embedded
+    Ray down: it used to raise inside ray.shutdown() (a traceback, the cluster half stopped),
+    and the handler's Ray call then joined the cluster `ray start` had recorded on the machine
+    (the session's head): every later run on that head failed."""
+    from orchestrator.processes import descendants, running
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        cli_command(run_dir, f"storage.uri={tmp_path / 'ckpt'}",
+                    f"cluster.dashboard_port={free_port()}", "trainer.max_steps=30",
+                    "log.ray_verbose=true", "log.progress=bar", "log.tensorboard=false",
+                    "log.metrics=false"),
+        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _started.append(proc)
+    # run.json says succeeded just before the command stops Ray: Ctrl-C then.
+    wait_for(lambda r: r.get("status") == "succeeded", run_dir, timeout=480)
+    left_behind = descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    output = stdout + stderr
+    assert proc.returncode == 130, output[-4000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-4000:]
+    assert "interrupted while shutting down, after the run succeeded" in output
+    assert read_record(run_dir)["status"] == "succeeded"
+    assert left_behind and not [p for p in left_behind if running(p)]  # the cluster is gone
+    # A new driver on the machine's recorded cluster still runs an actor there.
+    check = subprocess.run([sys.executable, "-c", ACTOR_ON_THE_HEAD], cwd=REPO,
+                           env=cli_env({"HEAD": ray_head.address,
+                                        **({"RAY_AUTH_MODE": "token"} if token_headers() else {})}),
+                           capture_output=True, text=True, timeout=120)
+    assert check.stdout.strip().endswith("7"), check.stderr[-3000:]
+
+    assert re.search(r"\(RayTrainWorker pid=\d+", output), output[-3000:]
+    assert re.search(r"\(TrainController pid=\d+", output)
+    assert "Token authentication is enabled" in output or not token_headers()
     # (universal newlines turn the bar's \r into \n here)
-    assert "\x1b[Kstep 30/30 [" + "=" * 20 + "] 100% | ETA 0:00 |" in result.stderr
-    assert "\x1b[Kwaiting for the workers to start" in result.stderr
-    assert not (tmp_path / "run" / "tensorboard").exists() and "metrics: http" not in result.output
-    assert not PROGRESS.search(result.output)  # the bar instead of lines
+    assert "\x1b[Kstep 30/30 [" + "=" * 20 + "] 100% | ETA 0:00 |" in stderr
+    assert "\x1b[Kwaiting for the workers to start" in stderr
+    assert not (run_dir / "tensorboard").exists() and "metrics: http" not in output
+    assert not PROGRESS.search(output)  # the bar instead of lines

@@ -16,7 +16,15 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import StorageSpec
-from tests.conftest import REPO, finish_run, run_cli, start_run, user_project, wait_for
+from tests.conftest import (
+    REPO,
+    finish_run,
+    read_record,
+    run_cli,
+    start_run,
+    user_project,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 BATCH, MICRO, STEPS = 64, 8, 300
@@ -94,7 +102,8 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-3000:]
-    assert "the newest committed checkpoint is kept for a resume" in out
+    assert "the newest committed checkpoint (step 200) is kept for a resume" in out
+    assert read_record(tmp_path / "killed")["status"] == "interrupted"
     gate.unlink()
     # 2's run (below) goes alongside the same command again.
     resized = start_run(tmp_path / "resized", *cluster, *job(logs["resized"], storage),

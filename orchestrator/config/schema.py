@@ -42,9 +42,14 @@ class ClusterConfig:
     # Other Ray resources each worker asks for, beyond CPUs and GPUs: custom node resources
     # (+cluster.resources.big_memory=1), accelerator types ({"accelerator_type:A100": 0.001}).
     resources: dict[str, float] = field(default_factory=dict)
+    # How long a run may go without a worker group before it stops with a line naming what it
+    # asked for and what each node has (exit 1): Ray Train alone would wait forever.
+    placement_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, "cluster.workers", self.workers, "an integer >= 1")
+        require(self.placement_timeout_s > 0, "cluster.placement_timeout_s",
+                self.placement_timeout_s, "a number of seconds > 0")
         if self.min_workers is not None:
             require(
                 1 <= self.min_workers <= self.workers,

@@ -41,7 +41,7 @@ class RunMetrics:
                                   (*TAGS, "metric"))
         self.save_s = histogram("checkpoint_save_seconds", "Checkpoint serialise+snapshot time")
         self.upload_s = histogram("checkpoint_upload_seconds", "Checkpoint upload+commit time")
-        self._checkpoints_seen = 0
+        self._checkpoints_seen: set[int] = set()
 
     def update(self, record: RunRecord, samples_per_s: float | None,
                step_s: float | None) -> None:
@@ -55,10 +55,13 @@ class RunMetrics:
         self.preemptions.set(record.preemptions)
         self.lost_steps.set(record.lost_steps)
         self._train_metrics(record.train_metrics)
-        for ckpt in record.checkpoints[self._checkpoints_seen:]:
+        for ckpt in record.checkpoints:
+            # Each once; one found at a resume (RunRecord.checkpoint_found) has no timings.
+            if ckpt["step"] in self._checkpoints_seen or ckpt["save_s"] is None:
+                continue
+            self._checkpoints_seen.add(ckpt["step"])
             self.save_s.observe(ckpt["save_s"])
             self.upload_s.observe(ckpt["upload_s"])
-        self._checkpoints_seen = len(record.checkpoints)
         if record.checkpoints:
             self.checkpoint_step.set(record.checkpoints[-1]["step"])
 

@@ -1,0 +1,59 @@
+"""Ctrl-C on the driver once training is over: noted, never raised.
+
+A KeyboardInterrupt raised inside ray.shutdown() leaves an embedded cluster half stopped, and a
+Ray call made after the shutdown (a handler asking the controller to abort, say) would start
+or join some other cluster (see orchestrator/__main__.py). While the run winds down (final
+record, Ray's shutdown) a Ctrl-C is therefore only remembered: the command finishes its
+shutdown, says so in one line and exits 130.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+log = logging.getLogger("orchestrator")
+
+
+class DeferredInterrupt:
+    """Installs a SIGINT handler that remembers instead of raising, from arm() to disarm()."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._previous = None
+        self._armed = False
+
+    def _note(self, signum, frame) -> None:
+        if not self.seen:
+            log.warning("interrupted: finishing the shutdown first")
+        self.seen = True
+
+    def arm(self) -> None:
+        if self._armed or threading.current_thread() is not threading.main_thread():
+            return
+        self._previous = signal.signal(signal.SIGINT, self._note)
+        self._armed = True
+
+    def disarm(self) -> None:
+        if self._armed:
+            # Not the handler from before the run (Ray Train's, or ours for fit()): Ray is shut
+            # down, nothing is left to interrupt, and a KeyboardInterrupt now would only print
+            # a traceback from some exit hook. A Ctrl-C from here on ends the command at once.
+            signal.signal(signal.SIGINT, exit_at_once)
+            self._armed = False
+
+    def __enter__(self) -> DeferredInterrupt:
+        self.arm()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disarm()
+
+
+def exit_at_once(signum, frame) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)

@@ -1,0 +1,64 @@
+"""The processes an embedded Ray leaves behind, found and stopped by pid (Linux's /proc).
+
+ray.shutdown() stops the embedded cluster's GCS and raylet; the raylet's workers exit on their
+own a moment later. A worker still running when the command exits keeps its port in Ray's
+worker port range, which the next cluster on this machine hands out again (seen: a later driver
+on another cluster judged dead a second after it connected, every run failing after it). So the
+command waits for them briefly, then kills what is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+Process = tuple[int, int]  # (pid, start time in clock ticks): a pid alone may be reused
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return text[text.rindex(")") + 2:].split()  # the fields after "pid (comm)"
+
+
+def descendants(root: int) -> list[Process]:
+    """Every process below root by parent links (the session a process moved to does not
+    matter); empty where /proc is not there."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat(int(entry.name))
+        if fields is None:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        starts[int(entry.name)] = int(fields[19])
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append((pid, starts[pid]))
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def running(proc: Process) -> bool:
+    fields = _stat(proc[0])
+    return fields is not None and int(fields[19]) == proc[1] and fields[0] != "Z"
+
+
+def stop_leftovers(procs: list[Process], grace_s: float) -> list[Process]:
+    """Wait up to grace_s for procs to end, then SIGKILL the rest; return those killed."""
+    deadline = time.monotonic() + grace_s
+    left = [p for p in procs if running(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if running(p)]
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
