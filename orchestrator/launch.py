@@ -15,6 +15,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from orchestrator.backends import Backend, check_cluster
+from orchestrator.config.paths import resolve_paths
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
 from orchestrator.interrupts import DeferredInterrupt
@@ -40,6 +41,7 @@ def input_error(exc: ConfigError) -> int:
 
 def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     """Run one job; return its exit code (0 ok, 1 training failed, 2 bad input)."""
+    resolve_paths(cfg_node, Path.cwd())  # a sweep's trial had them resolved by its driver
     try:
         cfg = to_typed(cfg_node)
         complete_data(cfg_node, cfg)

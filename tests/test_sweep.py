@@ -5,14 +5,16 @@ trial, resuming a sweep, and an invalid sweep."""
 from __future__ import annotations
 
 import json
+import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, _started, cli_env, read_record
 
 pytestmark = pytest.mark.slow
 
@@ -39,10 +41,15 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_a_parallelism_sweep_runs_each_trial_and_writes_the_scaling_report(ray_head, tmp_path):
     out = tmp_path / "sweep"
-    proc = sweep(out, "cluster.workers=1,2", "trainer.epochs=2", address=ray_head.address)
+    # A grid needs no metric: one no trial reports does not fail them (none is "best").
+    proc = sweep(out, "cluster.workers=1,2", "trainer.epochs=2", "hydra.sweeper.metric=test_mse",
+                 address=ray_head.address)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rec = record(out)
     rows = rec["trials"]
+    assert rec["best"] is None and rec["status"] == "done"
+    for row in rows:
+        row["metric"] = row["metrics"]["test_accuracy"]
     assert sorted(r["overrides"][0] for r in rows) == ["cluster.workers=1", "cluster.workers=2"]
     assert all(r["status"] == "succeeded" for r in rows)
     by_workers = {r["workers"]: r for r in rows}
@@ -105,6 +112,51 @@ def test_a_search_stops_a_poor_trial_records_a_failing_one_and_a_rerun_skips_fin
     rows = {r["overrides"][0]: r for r in record(out)["trials"]}
     assert rows["trainer.lr=0.2"]["status"] == "succeeded"
     assert rows["trainer.lr=0.0002"]["status"] == "failed"
+
+
+def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_checkpoints(
+        ray_head, tmp_path):
+    """Run from a user's folder with relative paths (storage.uri=ckpt): the trials' checkpoints
+    are under that folder, not Tune's; Ctrl-C exits 130 with the trials recorded as
+    interrupted; the same command resumes each from its own newest checkpoint."""
+    project, gate = tmp_path / "project", tmp_path / "gate"
+    project.mkdir()
+    gate.write_text("hold")
+    cmd = [sys.executable, "-m", "orchestrator", "--multirun", "hydra.sweep.dir=sweep",
+           f"cluster.address={ray_head.address}", "storage.uri=ckpt", "cluster.workers=1",
+           "trainer.lr=0.1,0.05", "hydra.sweeper.max_concurrent=2", "checkpoint.every_steps=50",
+           "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
+           "+trainer.hold_at=120"]
+    env = cli_env({"PYTHONPATH": str(REPO)})  # the gated function is the repository's
+    proc = subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    _started.append(proc)
+    deadline = time.time() + 600
+    while time.time() < deadline:  # both trials held at step 120, step 100 committed
+        records = [read_record(p.parent) for p in (project / "sweep").glob("*/run.json")]
+        if len(records) == 2 and all(100 in [c["step"] for c in r.get("checkpoints", [])]
+                                     for r in records):
+            break
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out[-4000:]
+    rec = record(project / "sweep")
+    assert rec["status"] == "interrupted" and [r["status"] for r in rec["trials"]] == \
+        ["interrupted"] * 2, rec
+    runs = [read_record(Path(r["run_dir"])) for r in rec["trials"]]
+    for run in runs:
+        assert run["checkpoint_uri"].startswith(str(project / "ckpt")), run["checkpoint_uri"]
+
+    gate.unlink()
+    again = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    rec = record(project / "sweep")
+    assert rec["status"] == "done" and all(r["status"] == "succeeded" for r in rec["trials"])
+    for row in rec["trials"]:
+        run = read_record(Path(row["run_dir"]))
+        assert run["resumed_from_step"] >= 100 and run["checkpoint_uri"].startswith(
+            str(project / "ckpt")), run
 
 
 def test_an_invalid_value_in_a_sweep_stops_it_before_any_trial(tmp_path):

@@ -11,7 +11,9 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,7 +116,8 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
         budget = round(total / at_once, 3)  # CPUs per trial, shared by its workers
         ctx = TrialContext(hydra_context, config, Singleton.get_state(), space, str(sweep_dir),
                            name, conf.metric, budget,
-                           run_name=config.run.name or name)
+                           run_name=config.run.name or name, command_dir=os.getcwd(),
+                           metric_required=needs_metric(conf))
         trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx),
                                         {"CPU": 0, f"node:{node_ip()}": 0.001})
         tune_path = sweep_dir / TUNE_DIR
@@ -129,20 +132,66 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
                 trainable,
                 param_space=tune_space(space, conf.search),
                 tune_config=tune.TuneConfig(
-                    metric=conf.metric, mode=conf.mode, num_samples=conf.num_samples,
+                    # Only a search or a scheduler that compares trials needs the metric from
+                    # every trial; the sweep picks its best itself, among those that report it.
+                    metric=conf.metric if needs_metric(conf) else None,
+                    mode=conf.mode if needs_metric(conf) else None,
+                    num_samples=conf.num_samples,
                     search_alg=search_algorithm(conf, int(config.get("seed", 0)), at_once),
                     scheduler=scheduler(conf),
                     max_concurrent_trials=at_once if conf.search == "optuna" else None,
                     trial_dirname_creator=lambda trial: trial.trial_id),
                 run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0),
             )
-        results = tuner.fit()
-        rows = [trial_row(r, space, cluster.workers) for r in results]
+        with StopOnCtrlC() as ctrl_c:
+            results = tuner.fit()
+        rows = [trial_row(r, space, cluster.workers, ctrl_c.seen) for r in results]
     summary = summarize(conf, name, sweep_dir, space, rows, at_once, budget, started)
+    summary["status"] = "interrupted" if ctrl_c.seen else "done"
     paths = write_report(summary, sweep_dir)
     failed = [r for r in rows if r["status"] == "failed"]
     print_summary(summary, paths, failed)
+    if ctrl_c.seen:
+        log.warning("sweep %s interrupted: finished trials are kept; the same command runs the "
+                    "rest, each from its newest checkpoint", name)
+        return 130
     return 1 if failed else 0
+
+
+def needs_metric(conf: RayTuneSweeperConf) -> bool:
+    """Optuna and ASHA compare trials by the metric as they go; grid and random need none."""
+    return conf.search == "optuna" or conf.early_stopping.enabled
+
+
+class StopOnCtrlC:
+    """Ctrl-C ends the sweep like Tune's own handler (its state saved, trials stopped), and the
+    sweep knows it was interrupted: Tune's handler is swapped for one that says so, then asks
+    Tune to stop through SIGUSR1, which Tune handles the same way."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._previous = None
+
+    @property
+    def seen(self) -> bool:
+        return self._event.is_set()
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self._event.is_set():
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self._event.set()
+        log.warning("interrupted: stopping the trials (Ctrl-C again to stop at once)")
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    def __enter__(self) -> StopOnCtrlC:
+        if threading.current_thread() is threading.main_thread():
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def node_ip() -> str:
@@ -151,19 +200,21 @@ def node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
-def trial_row(result, space: SweepSpace, default_workers: int) -> dict:
+def trial_row(result, space: SweepSpace, default_workers: int, interrupted: bool = False) -> dict:
     metrics = dict(result.metrics or {})
     params = {d.key: result.config[d.key] for d in space.dimensions if d.key in result.config}
     overrides = [d.override(params[d.key]) for d in space.dimensions if d.key in params]
-    if result.error is not None:
-        status = "failed"
-    elif metrics.get("final"):
+    if metrics.get("final"):
         status = "succeeded"
+    elif interrupted:
+        status = "interrupted"  # stopped by the user's Ctrl-C (its error, if any, is that)
+    elif result.error is not None:
+        status = "failed"
     else:
         status = "stopped early"  # the scheduler ended it at its last reported step
     workers = params.get("cluster.workers", metrics.get("workers", default_workers))
     error = None
-    if result.error is not None:
+    if result.error is not None and status == "failed":
         error = str(result.error).strip().splitlines()[-1][:500]
     path = Path(result.path)
     keep = {k: v for k, v in metrics.items() if k.startswith(("test_", "train_", "loss"))}

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
+from orchestrator.config.paths import resolve_paths
 from orchestrator.sweep.space import SweepSpace
 
 POLL_S = 1.0
@@ -35,6 +36,8 @@ class TrialContext:
     metric: str
     cpu_budget: float  # the CPUs one trial's workers share, when cpus_per_worker is not set
     run_name: str  # run.name, else the sweep's name: each trial appends its id
+    command_dir: str  # where the command ran: a trial's relative paths are relative to it
+    metric_required: bool = True  # the search or scheduler compares trials by the metric
 
 
 def compose_trial(ctx: TrialContext, params: dict, trial_id: str) -> DictConfig:
@@ -52,6 +55,8 @@ def compose_trial(ctx: TrialContext, params: dict, trial_id: str) -> DictConfig:
         if cfg.cluster.cpus_per_worker is None:  # concurrent trials share the cluster evenly
             cfg.cluster.cpus_per_worker = round(min(1.0, ctx.cpu_budget / cfg.cluster.workers), 4)
         cfg.run.name = f"{ctx.run_name}-{trial_id}"  # trials differ: each its own checkpoints
+    # The trial runs in Tune's working folder, not in the command's.
+    resolve_paths(cfg, Path(ctx.command_dir))
     return cfg
 
 
@@ -91,7 +96,7 @@ def run_trial(params: dict, ctx: TrialContext) -> None:
         raise TrialFailed(f"trial {trial_id} failed (exit code {outcome.get('code')}): "
                           f"{record.get('error') or 'see ' + str(out_dir)}")
     final = progress.final(record)
-    if ctx.metric not in final:
+    if ctx.metric not in final and ctx.metric_required:
         raise TrialFailed(f"trial {trial_id}: hydra.sweeper.metric={ctx.metric!r} was not reported; "
                           f"the run reported {', '.join(sorted(record.get('metrics', {})))}")
     tune.report(final)
