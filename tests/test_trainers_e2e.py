@@ -184,11 +184,15 @@ def write_digits_parquet(path, label="digit") -> None:
 
 
 def test_xgboost_on_parquet(ray_head, tmp_path):
+    """Paths relative to the user's folder (the README's data.path=train.parquet): the workers
+    run elsewhere, so the driver passes them on absolute."""
     write_digits_parquet(tmp_path / "digits.parquet")
-    result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}",
-                     f"storage.uri={tmp_path / 'ckpt'}", "trainer=xgboost", "data=parquet",
-                     f"data.path={tmp_path / 'digits.parquet'}", "data.label=digit")
+    result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}", "storage.uri=ckpt",
+                     "trainer=xgboost", "data=parquet", "data.path=digits.parquet",
+                     "data.label=digit", cwd=tmp_path)
     rec = assert_succeeded(result, "xgboost")
+    assert rec["config"]["data"]["path"] == str(tmp_path / "digits.parquet")
+    assert rec["checkpoint_uri"].startswith(str(tmp_path / "ckpt"))
     assert rec["config"]["data"]["task"] == "classification"  # integer labels: inferred
     assert rec["config"]["data"]["outputs"] == 10 and rec["config"]["data"]["features"] == 64
     assert rec["metrics"]["test_accuracy"] > 0.9, rec["metrics"]
