@@ -152,6 +152,10 @@ def train_loop_per_worker(config: dict) -> None:
                             start, RayCollective(), workdir)
         result = fn(ctx, copy.deepcopy(spec.config))
         metrics = final_metrics(result)
+        ctx._close()  # every upload done: the final checkpoint is committed, or it is said why
+        missing = ctx._last_checkpoint_missing()
+        if missing:
+            raise CheckpointNotCommitted(missing)
     except Exception as exc:
         step = ctx._step if ctx is not None else 0
         cause = cause_of(exc)
@@ -170,6 +174,10 @@ def train_loop_per_worker(config: dict) -> None:
     if rank == 0:
         ctx._announce()
         ray.get(spec.recorder.worker_finished.remote(ctx._step, metrics, time.time()))
+
+
+class CheckpointNotCommitted(RuntimeError):
+    """The run's newest checkpoint was never committed: it cannot say it succeeded."""
 
 
 def final_metrics(result: Any) -> dict[str, float]:

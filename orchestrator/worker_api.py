@@ -44,6 +44,7 @@ from orchestrator.checkpoint.policy import CheckpointPolicy
 from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.data.order import DataOrder, step_seed
+from orchestrator.errors import one_line
 from orchestrator.observe.step_reports import StepReports
 from orchestrator.preemption_checks import PreemptionChecks
 
@@ -144,6 +145,7 @@ class WorkerContext:
         self._dataset: Dataset | None = None
         self._store = CheckpointStore(spec.run_storage)
         self._staging = start.staging
+        self._uncommitted: dict[int, str] = {}  # step -> why this rank's part never arrived
         self._committer = Committer(
             self._store, rank, world_size, start.attempt, spec.checkpoint.async_upload,
             on_commit=self._committed, on_failure=self._not_committed,
@@ -304,12 +306,28 @@ class WorkerContext:
         ref = done.saved.ref
         self._spec.recorder.checkpoint.remote(ref.step, ref.uri, done.saved.bytes, done.save_s,
                                               done.upload_s, done.write_s)
-        self._store.prune(self._spec.checkpoint.keep, protect=self._start.protect)
+        try:
+            self._store.prune(self._spec.checkpoint.keep, protect=self._start.protect)
+        except Exception as exc:  # a listing or deletion error: the checkpoints stay, that is all
+            self._spec.recorder.warning.remote(
+                f"retention after the checkpoint at step {ref.step} failed: {one_line(exc)[:200]}")
 
     def _not_committed(self, step: int, exc: Exception) -> None:
+        self._uncommitted[step] = one_line(exc)[:200]
         self._spec.recorder.warning.remote(
             f"checkpoint at step {step} was not committed (rank {self.rank}): "
-            f"{str(exc).splitlines()[0][:200]}")
+            f"{self._uncommitted[step]}")
+
+    def _last_checkpoint_missing(self) -> str | None:
+        """After _close(), on rank 0: why the newest checkpoint this worker group saved is not
+        committed, or None. A run whose final checkpoint is lost has not succeeded."""
+        step = self._last_saved
+        if self.rank != 0 or step <= self.start_step:
+            return None
+        if step in self._committer.committed_steps or self._store.is_committed(step):
+            return None
+        return (f"the checkpoint at step {step} was not committed: "
+                f"{self._uncommitted.get(step, 'its upload did not finish')}")
 
     def _flush(self) -> None:
         """Wait for the uploads handed over so far (rank 0: until they are committed)."""

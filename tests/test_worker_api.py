@@ -162,3 +162,20 @@ def test_the_schemas_defaults_fill_in_and_a_plain_function_keeps_its_own_keys():
     assert ddp.backend.name == "torch" and ddp.info.step_unit == "step"
     own = check_training({"fn": "tests.user_trainers:fails_at_step_35", "steps": 3, "anything": [1]})
     assert own.config == {"fn": "tests.user_trainers:fails_at_step_35", "steps": 3, "anything": [1]}
+
+
+def test_a_final_checkpoint_that_never_commits_is_not_a_success(tmp_path):
+    """The worker asks after its last upload: a lost final checkpoint is an error (the run
+    must not report success over it), a committed one is not."""
+    ctx = context(tmp_path)
+    loop(ctx, 10)
+    ctx.save(10, lambda d: (d / "state.txt").write_text("10"))
+    ctx._close()
+    assert ctx._last_checkpoint_missing() is None
+
+    ctx = context(tmp_path)  # resumes at 10; its store refuses the next commit
+    ctx._store.commit = lambda *a, **k: (_ for _ in ()).throw(OSError("SlowDown: try later"))
+    ctx.save(12, lambda d: (d / "state.txt").write_text("12"))
+    ctx._close()
+    assert ctx._last_checkpoint_missing() == (
+        "the checkpoint at step 12 was not committed: SlowDown: try later")

@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestrator.checkpoint.retry import DEFAULT_BACKOFF, Backoff
 from orchestrator.checkpoint.store import CheckpointStore, SavedCheckpoint
+from orchestrator.errors import one_line
 
 log = logging.getLogger("orchestrator.checkpoint")
 
@@ -120,11 +121,14 @@ class Committer:
                 write_s = max(p.get("write_s", 0.0) for p in parts.values())
         except Exception as exc:  # the run goes on; the next checkpoint tries again
             log.error("checkpoint at step %d was not committed: %s", snap.step,
-                      str(exc).splitlines()[0][:300])
+                      one_line(exc)[:300])
             self.on_failure(snap.step, exc)
             return
         finally:
             shutil.rmtree(snap.folder, ignore_errors=True)
         self.committed_steps.append(snap.step)
         if saved is not None:
-            self.on_commit(Committed(saved, save_s, time.perf_counter() - started, write_s))
+            try:  # bookkeeping (the record, retention) must never end the upload thread
+                self.on_commit(Committed(saved, save_s, time.perf_counter() - started, write_s))
+            except Exception as exc:
+                log.error("after committing step %d: %s", snap.step, one_line(exc)[:300])
