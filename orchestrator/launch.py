@@ -20,7 +20,7 @@ from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
 from orchestrator.interrupts import DeferredInterrupt
 from orchestrator.observe.logs import train_logging
-from orchestrator.observe.progress import ProgressWatcher, make_display
+from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
 from orchestrator.placement_watch import PlacementWatch
 from orchestrator.ray_session import RaySession
 from orchestrator.record import RunRecord, redact
@@ -312,7 +312,7 @@ def describe_failure(exc: Exception) -> str:
 
 
 def summarize(final: dict, record_path: Path) -> None:
-    metrics = " ".join(f"{k}={v:.4f}" for k, v in final.get("metrics", {}).items())
+    metrics = " ".join(f"{k}={metric_text(v, '.4f')}" for k, v in final.get("metrics", {}).items())
     log.info("%s in %.1fs at step %s: %s", final["status"], final.get("wall_s") or 0.0,
              final.get("steps"), metrics or "no metrics")
     log.info("run record: %s", record_path)

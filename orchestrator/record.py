@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from orchestrator.failure_policy import Verdict, WorkerError, classify
+from orchestrator.redaction import REDACTED, redact
 
-SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|access_key|private_key)", re.I)
-REDACTED = "***"
-
-
-def redact(value: Any) -> Any:
-    """A copy of a config container with every secret-looking key's value hidden."""
-    if isinstance(value, dict):
-        return {k: (REDACTED if SECRET_KEY.search(str(k)) and v is not None else redact(v))
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
+__all__ = ["REDACTED", "RunRecord", "redact"]  # redact: the config's, before it is recorded
 
 
 @dataclass
@@ -190,7 +178,9 @@ class RunRecord:
 
     def write(self, path: str) -> None:
         tmp = f"{path}.tmp"
+        # Errors, warnings and URIs can quote a secret (a URL's credentials, an AWS key): the
+        # strings are hidden here; the config's secret keys were hidden when it was recorded.
         with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=False)
+            json.dump(redact(self.to_dict(), by_key=False), f, indent=2, sort_keys=False)
             f.write("\n")
         os.replace(tmp, path)  # readers never see a half-written record

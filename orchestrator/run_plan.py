@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from orchestrator.checkpoint.store import CheckpointStore, open_source
 from orchestrator.config.schema import Config, DataConfig
 from orchestrator.data.datasets import check_parquet, data_facts
+from orchestrator.data.nonfinite import check_finite
 from orchestrator.errors import ConfigError
 from orchestrator.storage import Credentials, StorageSpec, absolute
 from orchestrator.storage_check import check_storage, create_bucket
@@ -44,9 +45,14 @@ def complete_data(cfg_node: DictConfig, cfg: Config) -> None:
     from the data itself (a parquet file's schema and label column), so that the trainer's
     interpolations (trainer.model.in_features: ${data.features}) resolve to the real shape."""
     data: DataConfig = cfg.data
+    # Parquet is opened once here, for both: its values are checked whatever the config
+    # says of its shape (a NaN feature makes a NaN loss; orchestrator/data/nonfinite.py).
+    opened = check_parquet(data, storage_spec(cfg)) if data.name == "parquet" else None
+    if opened is not None:
+        check_finite(data, opened)
     if data.name == "torch" or None not in (data.features, data.outputs, data.task):
         return
-    facts = data_facts(data, storage_spec(cfg))
+    facts = data_facts(data, storage_spec(cfg), opened)
     with open_dict(cfg_node.data):
         for key in ("features", "outputs", "task"):
             if OmegaConf.select(cfg_node, f"data.{key}") is None:

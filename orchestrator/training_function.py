@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.backends import Backend, backend_named
+from orchestrator.config.schema import require_path_name
 from orchestrator.errors import ConfigError, one_line
 from orchestrator.worker_api import TrainingInfo, training_info
 
@@ -69,6 +70,8 @@ def check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None = 
     if not isinstance(path, str) or not path.strip():
         raise ConfigError("trainer.fn: a value is required: the import path of your training "
                           "function, e.g. trainer.fn=mypkg.train:main")
+    if "name" in trainer:  # names the run's folder (run.name derived from it) and a sweep's
+        require_path_name("trainer.name", trainer["name"])
     backend = backend_named(str(trainer.get("backend", "torch")))
     fn = import_function(path)
     check_signature(fn, path)

@@ -3,6 +3,7 @@ multi-writer protocol (every rank's part, manifest last); the checkpoint policy.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from concurrent.futures import Future
@@ -11,16 +12,18 @@ from pathlib import Path
 import pytest
 
 from orchestrator.checkpoint.committer import Committer
+from orchestrator.checkpoint.names import unsafe_reason
 from orchestrator.checkpoint.policy import CheckpointPolicy
 from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import (
     MANIFEST,
     CheckpointStore,
+    CorruptCheckpoint,
     IncompleteCheckpoint,
     open_source,
     step_dir,
 )
-from orchestrator.storage import StorageSpec
+from orchestrator.storage import StorageSpec, join
 
 
 def load_newest_intact(store: CheckpointStore, tmp_path: Path, skipped=None):
@@ -191,6 +194,77 @@ def test_a_corrupt_rank_file_makes_the_loader_fall_back(store, tmp_path):
     assert "step_000000020/rank1.bin does not match its manifest" in skipped[0]
 
 
+# -- a checkpoint planted by someone who can write the storage ------------------------------
+
+def plant_manifest(store: CheckpointStore, step: int, name: str, data: bytes = b"owned") -> None:
+    """A committed checkpoint at ``step`` whose manifest also lists ``name``, its size and hash
+    right (what anyone able to write the bucket or folder could publish). In an object store
+    the object is put where a download would read it, when the store takes such a key."""
+    store.save(step, {"a": b"newer"})
+    ref = store.ref(step)
+    with store.fs.open_input_stream(join(ref.path, MANIFEST)) as f:
+        manifest = json.loads(f.read())
+    manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                               "rank": 0}
+    with store.fs.open_output_stream(join(ref.path, MANIFEST)) as f:
+        f.write(json.dumps(manifest).encode())
+    if store.is_local:
+        return  # a local folder's files are read where they are, never copied
+    try:
+        with store.fs.open_output_stream(join(ref.path, name)) as f:
+            f.write(data)
+    except (OSError, ValueError):
+        pass  # a store that refuses the key: the manifest alone is the attack
+
+
+def bad_names(tmp_path: Path) -> dict[str, str]:
+    """Names that would land in tmp_path/outside: absolute, and '..' from a step folder (the
+    local store's, or the download cache's, both two levels below tmp_path)."""
+    return {"absolute": str(tmp_path / "outside" / "evil.pth"),
+            "dotdot": "../../outside/evil.pth"}
+
+
+def assert_planted_one_refused(store: CheckpointStore, tmp_path: Path, name: str) -> None:
+    skipped: list[str] = []
+    ref, files, _ = load_newest_intact(store, tmp_path, skipped)
+    assert ref.step == 10 and files == {"a": b"good"}
+    assert not (tmp_path / "outside").exists()
+    assert len(skipped) == 1 and step_dir(20) in skipped[0] and repr(name) in skipped[0], skipped
+
+
+@pytest.mark.parametrize("kind", ["absolute", "dotdot"])
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(store, tmp_path, kind):
+    name = bad_names(tmp_path)[kind]
+    store.save(10, {"a": b"good"})
+    plant_manifest(store, 20, name)
+    assert_planted_one_refused(store, tmp_path, name)
+
+
+@pytest.mark.parametrize("name", ["a", "shards/rank_1.bin", ".metadata", "dcp/__0_0.distcp"])
+def test_plain_relative_names_are_checkpoint_files(name):
+    assert unsafe_reason(name) is None
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [("/etc/passwd", "absolute"), ("../x", "'..'"), ("a/../../b", "'..'"), ("a//b", "empty"),
+     ("a/", "empty"), ("a\\..\\b", "backslash"), ("", "non-empty"), ("./a", "'.'"),
+     ("a\x00b", "control"), (7, "string")],
+)
+def test_names_that_could_leave_the_folder_are_refused(name, why):
+    assert why in unsafe_reason(name)
+
+
+def test_such_names_are_never_written(store, tmp_path):
+    with pytest.raises(CorruptCheckpoint, match="'../escape'"):
+        store.save(10, {"../escape": b"x"})
+    assert not (tmp_path / "escape").exists() and store.latest() is None
+    part = {"files": {"/tmp/x": {"bytes": 1, "sha256": "0" * 64}}}  # a forged part record
+    with pytest.raises(CorruptCheckpoint, match="rank 1's part record"):
+        store.commit(10, {0: {"files": {}}, 1: part}, {})
+    assert store.latest() is None
+
+
 @pytest.mark.parametrize(
     "every_steps, every_seconds, events, expected",
     [
@@ -208,3 +282,19 @@ def test_checkpoint_policy(every_steps, every_seconds, events, expected):
             policy.saved(now)
         decisions.append(decision)
     assert decisions == expected
+
+
+def test_an_error_after_a_commit_does_not_end_the_upload_thread(store, tmp_path):
+    """Retention or the record failing after a commit (an S3 error while listing, ENOTEMPTY on
+    NFS) used to kill the upload thread: later saves then blocked on a queue nobody read."""
+    seen = []
+
+    def on_commit(done):
+        seen.append(done.saved.ref.step)
+        raise OSError("listing failed")
+
+    committer = Committer(store, 0, 1, "att", asynchronous=True, on_commit=on_commit)
+    for step in (10, 20, 30, 40):  # more than the queue holds: a dead thread would block here
+        committer.snapshot(step, rank_folder(tmp_path / str(step), 0, {"m.pt": b"w"}), {})
+    committer.close()
+    assert seen == [10, 20, 30, 40] and [r.step for r in store.committed()] == [10, 20, 30, 40]

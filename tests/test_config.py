@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_dir
 
 from orchestrator.cli import CONF_DIR
 from orchestrator.config.preflight import check_command_line, expand_sweep, split_command_line
+from orchestrator.config.schema import require_path_name
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
 from tests.conftest import CliBatch, run_cli
@@ -51,6 +52,12 @@ def test_every_option_composes_and_types(override):
         (["checkpoint.every_steps=0"], "checkpoint.every_steps=0"),
         (["trainer.optimizer=lbfgs"], "trainer.optimizer='lbfgs'"),
         (["run.name=a/b"], "run.name='a/b'"),
+        (["run.name=.."], "run.name='..'"),
+        (["run.name=x..y"], "run.name='x..y'"),
+        (["trainer.name=../../x"], "trainer.name='../../x'"),
+        (["trainer=xgboost", "trainer.name=a/b"], "trainer.name='a/b'"),
+        (["trainer=function", "trainer.fn=tests.user_trainers:fails_at_step_35",
+          "trainer.name=/tmp/x"], "trainer.name='/tmp/x'"),
         (["log.progress=fancy"], "log.progress='fancy'"),
         (["log.progress_every_s=0"], "log.progress_every_s=0"),
         (["log.ray_verbose=maybe"], "log.ray_verbose='maybe'"),
@@ -61,6 +68,26 @@ def test_bad_overrides_name_the_key(overrides, key):
         check_command_line(overrides, CONF_DIR)
     message = str(err.value)
     assert key in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".."])
+def test_a_sweep_name_stays_one_folder(name):
+    with pytest.raises(ConfigError) as err:
+        check_command_line(["-m", f"hydra.sweeper.name={name}", "seed=0,1"], CONF_DIR)
+    message = str(err.value)
+    assert f"hydra.sweeper.name={name!r}" in message and "'..'" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["a\\b", "a\x00b", "", " ", ".", "x/../y"])
+def test_names_that_become_folders_refuse_what_leaves_one(name):
+    with pytest.raises(ConfigError, match=r"trainer\.name=.*without '/'"):
+        require_path_name("trainer.name", name)
+
+
+@pytest.mark.parametrize("name", ["exp1", "ddp-digits-70b5aa39", "lr=0.1,seed=2", "v1.2"])
+def test_plain_names_are_folder_names(name):
+    require_path_name("run.name", name, nullable=True)
 
 
 def test_every_trial_of_a_sweep_is_checked():
@@ -138,7 +165,7 @@ def test_cli_rejects_a_training_function_it_cannot_call(uncallable, i, fn):
 
 BAD_PARTS = [
     (["trainer.model._target_=mypkg.nope.Net"],
-     "trainer.model: building it: ImportError: Error loading 'mypkg.nope.Net'"),
+     "trainer.model._target_='mypkg.nope.Net': No module named 'mypkg.nope'"),
     (["data=torch", "data.train._target_=mypkg.bad_parts.RaggedItems",
       "data.eval._target_=mypkg.bad_parts.RaggedItems", "trainer.model.in_features=1",
       "trainer.model.out_features=2"],
@@ -182,6 +209,8 @@ def bad_inputs(tmp_path_factory):
     (empty / "step_000000010").mkdir(parents=True)  # a folder without a manifest is not a checkpoint
     write_parquet(base / "no_label.parquet", a=[1.0, 2.0], b=[0.5, 0.1], target=[0, 1])
     write_parquet(base / "colour.parquet", a=[1.0, 2.0], colour=["red", "blue"], label=[0, 1])
+    write_parquet(base / "nan.parquet", a=[1.0, float("nan"), 3.0], b=[0.5, 0.1, float("inf")],
+                  y=[0.1, 0.2, 0.3])
     return CliBatch(base, {
         "data.path": ["data=parquet", f"data.path={base / 'nope.parquet'}"],
         "resume": [f"resume={empty}"],
@@ -189,6 +218,8 @@ def bad_inputs(tmp_path_factory):
         "label": ["trainer=xgboost", "data=parquet", f"data.path={base / 'no_label.parquet'}",
                   "data.label=label"],
         "colour": ["trainer=lightgbm", "data=parquet", f"data.path={base / 'colour.parquet'}"],
+        "nan": ["data=parquet", f"data.path={base / 'nan.parquet'}", "data.label=y",
+                "data.task=regression"],
     })
 
 
@@ -264,3 +295,10 @@ def test_cli_rejects_a_missing_label_column(bad_inputs):
 
 def test_cli_rejects_a_non_numeric_feature_column(bad_inputs):
     assert_input_error(bad_inputs.result("colour"), "colour", bad_inputs.storage("colour"))
+
+
+def test_cli_rejects_nonfinite_values_in_the_data(bad_inputs):
+    """NaN trains to NaN and would be reported as success: the driver counts them first."""
+    result = bad_inputs.result("nan")
+    assert_input_error(result, "data.path=", bad_inputs.storage("nan"))
+    assert "2 missing, NaN or infinite values (1 in 'a', 1 in 'b')" in result.stderr

@@ -13,7 +13,13 @@ from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
 from orchestrator.storage import Credentials, StorageSpec
 from tests.conftest import CliBatch, free_port, run_cli
-from tests.test_checkpoint_store import load_newest_intact, rank_folder
+from tests.test_checkpoint_store import (
+    assert_planted_one_refused,
+    bad_names,
+    load_newest_intact,
+    plant_manifest,
+    rank_folder,
+)
 from tests.test_config import assert_input_error
 
 
@@ -53,6 +59,18 @@ def test_a_corrupt_object_is_reported_and_the_older_checkpoint_used(s3_server, b
     ref, files, _ = load_newest_intact(store, tmp_path, skipped)
     assert ref.step == 10 and files["a"] == b"good"
     assert len(skipped) == 1 and "step_000000020" in skipped[0]
+
+
+@pytest.mark.parametrize("kind", ["absolute", "dotdot"])
+def test_a_planted_manifest_writes_nothing_outside_the_download_folder(s3_server, bucket, tmp_path,
+                                                                       kind):
+    """A newer checkpoint planted in the bucket, listing a file named to land outside the
+    download folder: refused as corrupt, the older one used, nothing written outside."""
+    store = CheckpointStore(spec_for(s3_server, f"planted-{kind}"))
+    name = bad_names(tmp_path)[kind]
+    store.save(10, {"a": b"good"})
+    plant_manifest(store, 20, name)
+    assert_planted_one_refused(store, tmp_path, name)
 
 
 def test_retention_keeps_the_newest_and_the_one_being_resumed(s3_server, bucket):

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from orchestrator.checkpoint.names import check_names
 from orchestrator.checkpoint.retry import DEFAULT_BACKOFF, Backoff, with_retries
 from orchestrator.storage import StorageSpec, join
 
@@ -113,8 +115,12 @@ class CheckpointStore:
         return self.fs.get_file_info(join(self.ref(step).path, MANIFEST)).type == pafs.FileType.File
 
     def read_manifest(self, ref: CheckpointRef) -> dict:
+        """The manifest, its file list checked (CorruptCheckpoint if a name could leave the
+        folder or an entry lacks its size and hash): what reads it can trust the names."""
         with self.fs.open_input_stream(join(ref.path, MANIFEST)) as f:
-            return json.loads(f.read())
+            manifest = json.loads(f.read())
+        listed_files(manifest, f"{ref.uri}/{MANIFEST}")
+        return manifest
 
     def fetch(self, ref: CheckpointRef, cache: Path, verify: bool = True) -> Path:
         """A local directory holding the checkpoint's files (every rank's) and its manifest,
@@ -134,18 +140,28 @@ class CheckpointStore:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         for name, entry in manifest["files"].items():
-            target = folder / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            self._download(ref, name, entry, folder / name)
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        return folder
+
+    def _download(self, ref: CheckpointRef, name: str, entry: dict, target: Path) -> None:
+        """One file, streamed into a fresh temporary name beside ``target`` and moved into
+        place only once its size and hash match: a bad file never sits under its name."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".download-")
+        try:
             digest, size = hashlib.sha256(), 0
-            with self.fs.open_input_stream(join(ref.path, name)) as src, open(target, "wb") as dst:
+            with os.fdopen(fd, "wb") as dst, self.fs.open_input_stream(join(ref.path, name)) as src:
                 while block := src.read(CHUNK):
                     digest.update(block)
                     dst.write(block)
                     size += len(block)
             if size != entry["bytes"] or digest.hexdigest() != entry["sha256"]:
                 raise CorruptCheckpoint(f"{ref.uri}/{name} does not match its manifest")
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        return folder
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     def newest_intact(self, cache: Path, skipped: list[str] | None = None,
                       ) -> tuple[CheckpointRef, Path] | None:
@@ -154,7 +170,7 @@ class CheckpointStore:
         for ref in reversed(self.committed()):
             try:
                 return ref, self.fetch(ref, cache)
-            except (CorruptCheckpoint, OSError, ValueError, KeyError) as exc:
+            except (CorruptCheckpoint, OSError, ValueError, KeyError, TypeError) as exc:
                 reason = f"checkpoint {ref.uri} is unreadable ({exc}); trying an older one"
                 log.warning(reason)
                 if skipped is not None:
@@ -183,6 +199,7 @@ class CheckpointStore:
         A local store moves the files in (a rename on the same disk); others upload them."""
         ref = self.ref(step)
         names = local_files(local)
+        check_names(names, f"the snapshot {local} of {ref.uri}", CorruptCheckpoint)
         with_retries(f"creating {ref.uri}", lambda: self.fs.create_dir(ref.path, recursive=True),
                      backoff)
         entries = {}
@@ -254,6 +271,8 @@ class CheckpointStore:
         started = time.perf_counter()
         files: dict[str, dict] = {}
         for rank in sorted(parts):
+            check_names(parts[rank]["files"], f"rank {rank}'s part record of step {step}",
+                        CorruptCheckpoint)
             for name, entry in parts[rank]["files"].items():
                 if name in files:
                     raise CorruptCheckpoint(f"ranks {files[name]['rank']} and {rank} both wrote "
@@ -272,8 +291,7 @@ class CheckpointStore:
              backoff: Backoff = DEFAULT_BACKOFF, staging: Path | None = None) -> SavedCheckpoint:
         """A whole checkpoint written by one process (tools and tests), through the same
         protocol: the files as rank 0's part of a one-rank attempt, then the commit."""
-        import tempfile
-
+        check_names(files, f"the checkpoint at step {step}", CorruptCheckpoint)
         if self.is_committed(step):  # never overwrite a committed checkpoint
             return SavedCheckpoint(self.ref(step), 0, 0.0, meta or {})
         with tempfile.TemporaryDirectory(dir=staging) as tmp:
@@ -305,6 +323,19 @@ class CheckpointStore:
             self.fs.delete_file(join(ref.path, MANIFEST))
             self.fs.delete_dir(ref.path)
         return [r.step for r in doomed]
+
+
+def listed_files(manifest: object, where: str) -> dict[str, dict]:
+    """A manifest's {name: {bytes, sha256, ...}}, every name and entry checked."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise CorruptCheckpoint(f"{where} lists no files")
+    check_names(files, where, CorruptCheckpoint)
+    for name, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+                and isinstance(entry.get("sha256"), str)):
+            raise CorruptCheckpoint(f"{where}: the entry of {name!r} has no size and sha256")
+    return files
 
 
 def part_name(attempt: str, rank: int) -> str:

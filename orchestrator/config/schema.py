@@ -24,6 +24,18 @@ def require(condition: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
 
 
+PATH_NAME = "a non-empty name without '/', '\\', '..' or control characters"
+
+
+def require_path_name(key: str, value: Any, nullable: bool = False) -> None:
+    """A user-given name that becomes a folder name (run.name, trainer.name,
+    hydra.sweeper.name) stays one folder: ``a/b`` or ``../x`` would write elsewhere."""
+    ok = (isinstance(value, str) and value.strip() != "" and value not in (".", "..")
+          and not any(part in value for part in ("/", "\\", ".."))
+          and all(ord(c) >= 32 and c != "\x7f" for c in value))
+    require(ok, key, value, ("null or " if nullable else "") + PATH_NAME)
+
+
 @dataclass
 class ClusterConfig:
     name: str = "local"
@@ -116,14 +128,19 @@ class DataConfig:
     # null = filled in from the data on the driver before anything starts.
     features: int | None = None  # synthetic: the number of features to generate
     outputs: int | None = None  # a model's output width: the classes, or 1 for regression
-    classes: int = 2  # synthetic: number of classes
-    rows: int = 10_000  # synthetic: number of rows
+    # synthetic: the number of classes (null: 2); digits: its 10; parquet: from the label column
+    classes: int | None = None
+    rows: int | None = None  # synthetic: the number of rows (null: 10,000)
     test_fraction: float = 0.2
     # data=torch: your own map-style datasets and batching, as _target_ nodes.
     train: dict[str, Any] | None = None
     eval: dict[str, Any] | None = None
     collate_fn: dict[str, Any] | None = None
     num_workers: int = 0  # DataLoader processes that prefetch batches
+    # Missing, NaN or infinite values (parquet's columns; data=torch: its first items) stop the
+    # command with exit 2, counted on the driver; true: train on them (XGBoost and LightGBM
+    # take NaN as a missing value).
+    allow_nonfinite: bool = False
 
     def __post_init__(self) -> None:
         require(self.name in DATA_NAMES, "data", self.name, "one of " + ", ".join(DATA_NAMES))
@@ -134,6 +151,8 @@ class DataConfig:
                 "a number strictly between 0 and 1")
         require(self.num_workers >= 0, "data.num_workers", self.num_workers, "an integer >= 0")
         if self.name == "synthetic":
+            self.classes = 2 if self.classes is None else self.classes
+            self.rows = 10_000 if self.rows is None else self.rows
             require(self.rows >= 10, "data.rows", self.rows, "an integer >= 10")
             require(self.features is not None and self.features >= 1, "data.features",
                     self.features, "an integer >= 1")
@@ -217,8 +236,7 @@ class RunSection:
             require(self.eval_every_steps >= 1, "run.eval_every_steps", self.eval_every_steps,
                     "null or an integer >= 1")
         if self.name is not None:
-            ok = self.name.strip() != "" and "/" not in self.name and self.name not in (".", "..")
-            require(ok, "run.name", self.name, "null or a non-empty name without '/'")
+            require_path_name("run.name", self.name, nullable=True)
 
 
 @dataclass

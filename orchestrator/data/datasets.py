@@ -41,16 +41,18 @@ class DataFacts:
     task: str
 
 
-def data_facts(cfg: DataConfig, storage: StorageSpec | None = None) -> DataFacts | None:
+def data_facts(cfg: DataConfig, storage: StorageSpec | None = None,
+               opened=None) -> DataFacts | None:
     """The shape of a built-in dataset, found cheaply on the driver (a parquet file's schema
-    and label column); None for data=torch (the user's datasets say themselves)."""
+    and label column; ``opened``: its dataset, if check_parquet opened it already); None for
+    data=torch (the user's datasets say themselves)."""
     if cfg.name == "digits":
         return DataFacts(64, 10 if cfg.task != "regression" else 1, cfg.task or "classification")
     if cfg.name == "synthetic":
         task = cfg.task or "classification"
         return DataFacts(cfg.features, cfg.classes if task == "classification" else 1, task)
     if cfg.name == "parquet":
-        dataset = check_parquet(cfg, storage)
+        dataset = opened if opened is not None else check_parquet(cfg, storage)
         labels = dataset.to_table(columns=[cfg.label])[cfg.label]
         task = parquet_task(cfg, labels.type)
         outputs = len(labels.unique()) if task == "classification" else 1

@@ -40,6 +40,16 @@ def clock(seconds: float) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
 
 
+def metric_text(value: float, spec: str = ".4g") -> str:
+    """A metric's value: a count (workers, tokens) as the integer it is, world=2, not 2.0000
+    (a worker's final metrics arrive as floats); anything else in ``spec``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return format(value, spec)
+
+
 def details(state: ProgressState) -> list[str]:
     """What follows the count, most wanted first (a narrow terminal cuts the end): ETA,
     throughput, workers, the latest metric, step time."""
@@ -52,7 +62,7 @@ def details(state: ProgressState) -> list[str]:
         parts.append(f"{state.world_size} worker{'s' if state.world_size != 1 else ''}")
     if state.metrics:
         name, value = next(iter(state.metrics.items()))
-        parts.append(f"{name}={value:.4g}")
+        parts.append(f"{name}={metric_text(value)}")
     if state.step_s is not None:
         parts.append(f"{state.step_s:.3g} s/step")
     return parts

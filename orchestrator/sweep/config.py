@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
-from orchestrator.config.schema import require
+from orchestrator.config.schema import require, require_path_name
 
 SEARCHES = ("grid", "random", "optuna")
 SWEEPER_TARGET = "hydra_plugins.orchestrator_sweeper.ray_tune_sweeper.RayTuneSweeper"
@@ -40,6 +40,8 @@ class RayTuneSweeperConf:
 
 def check_sweeper(conf: RayTuneSweeperConf) -> None:
     key = "hydra.sweeper"
+    if conf.name is not None:  # the sweep's folder under hydra.sweep.dir
+        require_path_name(f"{key}.name", conf.name, nullable=True)
     require(conf.search in SEARCHES, f"{key}.search", conf.search, "one of " + ", ".join(SEARCHES))
     require(conf.num_samples >= 1, f"{key}.num_samples", conf.num_samples, "an integer >= 1")
     require(conf.mode in ("max", "min"), f"{key}.mode", conf.mode, "max or min")

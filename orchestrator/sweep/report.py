@@ -11,6 +11,8 @@ import json
 import logging
 from pathlib import Path
 
+from orchestrator.redaction import redact
+
 log = logging.getLogger("orchestrator")
 WORKERS_KEY = "cluster.workers"
 
@@ -109,12 +111,15 @@ def plot(summary: dict, path: Path) -> bool:
 
 def write_report(summary: dict, sweep_dir: Path) -> dict[str, Path]:
     add_scaling(summary["trials"])
+    # A trial's overrides and error can quote a secret (storage.secret_key=..., a URL's
+    # credentials): the files get them hidden.
+    shown = redact(summary, by_key=False)
     paths = {"json": sweep_dir / "sweep.json", "markdown": sweep_dir / "scaling.md",
              "plot": sweep_dir / "scaling.png"}
     tmp = paths["json"].with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(shown, indent=2, default=str) + "\n")
     tmp.replace(paths["json"])
-    paths["markdown"].write_text(markdown(summary))
-    if not plot(summary, paths["plot"]):
+    paths["markdown"].write_text(markdown(shown))
+    if not plot(shown, paths["plot"]):
         paths.pop("plot")
     return paths

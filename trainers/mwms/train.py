@@ -27,7 +27,7 @@ def save_arrays(path, arrays: list[np.ndarray]) -> None:
 
 
 def load_arrays(path) -> list[np.ndarray]:
-    with np.load(path) as npz:
+    with np.load(path, allow_pickle=False) as npz:  # a checkpoint is data: no pickled objects
         return [npz[f"arr_{i}"] for i in range(len(npz.files))]
 
 

@@ -1,6 +1,7 @@
-"""Before Ray starts, on the driver: build the user's parts and run one forward and backward on
-a tiny CPU batch. What fails becomes one line naming the key (exit 2), within seconds instead
-of after the cluster's start-up."""
+"""Before Ray starts, on the driver: resolve every _target_, build the user's parts, and run one
+training step and the evaluation step with its reduction on a tiny CPU batch. What fails
+becomes one line naming the key (exit 2), within seconds instead of after the cluster's
+start-up, or after the last training step."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import torch
 from hydra.utils import instantiate
 
 from orchestrator.errors import ConfigError, cause_of, one_line
-from trainers.pytorch.config import given
+from trainers.pytorch.config import NotFound, given, locate
 from trainers.pytorch.data import collate_function, to_device
 from trainers.pytorch.parts import (
+    Step,
     build_model,
     build_optimizer,
     build_scheduler,
@@ -31,6 +33,33 @@ def named(key: str, doing: str = ""):
     except Exception as exc:
         cause = cause_of(exc)
         raise ConfigError(f"{key}: {doing}{type(cause).__name__}: {one_line(cause)[:240]}") from None
+
+
+def target_nodes(cfg: dict):
+    """(key, import path) of every _target_ the workers will import."""
+    tcfg, dcfg = cfg["trainer"], cfg["data"]
+    for key in ("model", "loss", "step_fn", "optimizer", "scheduler"):
+        if given(tcfg.get(key)):
+            yield f"trainer.{key}", tcfg[key]["_target_"]
+    for i, metric in enumerate(tcfg.get("metrics") or []):
+        if isinstance(metric, dict):
+            yield f"trainer.metrics[{i}]", metric["_target_"]
+    if dcfg.get("name") == "torch":
+        for key in ("train", "eval", "collate_fn"):
+            if given(dcfg.get(key)):
+                yield f"data.{key}", dcfg[key]["_target_"]
+
+
+def check_targets(cfg: dict) -> None:
+    """Each _target_ resolves, or one line naming the key and what is missing."""
+    for key, path in target_nodes(cfg):
+        try:
+            locate(path)
+        except NotFound as exc:
+            raise ConfigError(f"{key}._target_={path!r}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001  (the user's module fails on import)
+            raise ConfigError(f"{key}._target_={path!r}: importing it failed: "
+                              f"{type(exc).__name__}: {one_line(exc)[:240]}") from None
 
 
 def tiny_batch(dcfg: dict):
@@ -62,12 +91,15 @@ def check_parts(cfg: dict) -> None:
         trial(cfg)
 
 
-def trial(cfg: dict) -> None:
+def trial(cfg: dict) -> list[str]:
+    """The training step, the evaluation step and its reduction, on the tiny batch; returns
+    the names of the held-out metrics the run will report."""
     tcfg, dcfg = cfg["trainer"], cfg["data"]
     task = dcfg.get("task") or "classification"
     if tcfg.get("backend") not in ("torch", "gloo", "nccl"):
         raise ConfigError(f"trainer.backend={tcfg.get('backend')!r} is not allowed with this "
                           "trainer: torch, gloo or nccl")
+    check_targets(cfg)
     # A model meant to be too large for one worker (trainer.fsdp.meta_init) is tried on the
     # meta device: shapes and types, no memory.
     meta = tcfg.get("parallel") == "fsdp" and (tcfg.get("fsdp") or {}).get("meta_init")
@@ -77,6 +109,8 @@ def trial(cfg: dict) -> None:
     with named("trainer.step_fn" if given(tcfg.get("step_fn")) else "trainer.loss", "building it: "):
         step = build_step(tcfg, task)
     batch = to_device(tiny_batch(dcfg), device)
+    if dcfg["name"] == "torch" and not meta:
+        check_finite_items(batch, dcfg)
     if step.user_step is not None:
         with named("trainer.step_fn", "on a batch of data.train: "):
             loss, metrics = step(model, batch)
@@ -101,9 +135,49 @@ def trial(cfg: dict) -> None:
         scheduler = build_scheduler(tcfg, optimizer)
         if scheduler is not None:
             scheduler.step()
-    if step.user_step is None and not meta:
-        with named("trainer.metrics", "on the model's output: "):
-            sums = MetricSums(task, metric_names(tcfg, task), torch.device("cpu"))
-            with torch.no_grad():
-                sums.add(output.detach(), target, loss.detach())
-            sums.reduce(None)
+    return [] if meta else evaluation(tcfg, task, step, model, batch)
+
+
+def evaluation(tcfg: dict, task: str, step: Step, model, batch) -> list[str]:
+    """The held-out metrics of the tiny batch, through the workers' own evaluation step and
+    reduction: an error there would otherwise come after the last training step."""
+    key = "trainer.step_fn" if step.user_step is not None else "trainer.metrics"
+    sums = MetricSums(task, metric_names(tcfg, task), torch.device("cpu"))
+    model.eval()
+    with named(key, "in evaluation: "), torch.no_grad():
+        step.measure(model, batch, sums)
+        metrics = sums.reduce(None)
+    model.train()
+    # Names the user chose must all come out (a task's defaults: those the step can give).
+    missing = [n for n in sums.names if f"test_{n}" not in metrics] if tcfg.get("metrics") else []
+    if missing and step.user_step is None:
+        raise ConfigError(f"trainer.metrics: {', '.join(missing)} not computed for "
+                          f"data.task={task!r}")
+    if missing:
+        own = sorted(k[5:] for k in metrics if k[5:] not in sums.names)
+        raise ConfigError(
+            f"trainer.metrics: {', '.join(missing)} cannot be computed: trainer.step_fn gives "
+            f"the loss and its own metrics ({', '.join(own) or 'none'}), not the model's "
+            f"output; return {missing[0]} from it as (loss, {{{missing[0]!r}: ...}}), or leave "
+            "trainer.metrics null")
+    return list(metrics)
+
+
+def check_finite_items(batch, dcfg: dict) -> None:
+    """NaN or inf in the first items of data.train: every step would be NaN."""
+    bad = sum(int((~torch.isfinite(t)).sum()) for t in tensors_in(batch) if t.is_floating_point())
+    if bad and not dcfg.get("allow_nonfinite"):
+        raise ConfigError(f"data.train: items 0 and 1 hold {bad} non-finite "
+                          f"value{'s' if bad > 1 else ''} (NaN or inf), which make the loss "
+                          "NaN: clean the data, or set data.allow_nonfinite=true")
+
+
+def tensors_in(batch):
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, dict):
+        for value in batch.values():
+            yield from tensors_in(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from tensors_in(value)

@@ -10,12 +10,40 @@ from orchestrator.config.schema import TrainerConfig, require
 PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
 
 
-def locate(path: str):
-    """The object at an import path. Hydra's own locator: its public get_object/get_method
-    also log an error line of their own when the path is wrong (the user gets ours)."""
-    from hydra._internal.utils import _locate
+class NotFound(ImportError):
+    """An import path that names nothing: its message says which part is missing."""
 
-    return _locate(path)
+
+def locate(path: str):
+    """The object at a dotted import path (module.Class, module.Class.method). Not Hydra's
+    locator: for a class missing from a module that exists it says "No module named
+    'pkg.models.MLPP'; 'pkg.models' is not a package"; this says what is missing."""
+    import importlib
+    from types import ModuleType
+
+    parts = path.split(".") if isinstance(path, str) else []
+    if not all(parts) or not parts:
+        raise NotFound(f"{path!r} is not an import path such as mypkg.models.Net")
+    missing: ModuleNotFoundError | None = None
+    for i in range(len(parts), 0, -1):  # the longest prefix that is a module
+        name = ".".join(parts[:i])
+        try:
+            found = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
+                raise  # the module exists but imports one that does not: the user's to fix
+            missing = missing or exc
+            continue
+        for j in range(i, len(parts)):
+            if not hasattr(found, parts[j]):
+                owner = ".".join(parts[:j])
+                if isinstance(found, ModuleType) and j + 1 < len(parts):  # meant as a module
+                    raise NotFound(f"No module named '{owner}.{parts[j]}'")
+                kind = "module " if isinstance(found, ModuleType) else ""
+                raise NotFound(f"{kind}{owner!r} has no attribute {parts[j]!r}")
+            found = getattr(found, parts[j])
+        return found
+    raise NotFound(f"No module named {parts[0]!r}") from missing
 
 
 def given(node: dict | None) -> bool:
@@ -63,6 +91,9 @@ class PyTorchConfig(TrainerConfig):
     micro_batch_size: int | None = None  # at most this many rows per forward; accumulation does the rest
     precision: str = "32"
     grad_clip: float | None = None  # max gradient norm
+    # A NaN or inf training loss stops the run with one line naming the step (every later step
+    # would be NaN too); true: train on regardless.
+    allow_nonfinite_loss: bool = False
     epochs: int = 10
     max_steps: int | None = None  # stop earlier than epochs * steps_per_epoch
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)

@@ -14,9 +14,11 @@ from torch import nn
 from trainers.pytorch.config import given, locate
 from trainers.pytorch.tasks import (
     DEFAULT_METRICS,
+    MetricSums,
     as_loss_and_metrics,
     default_loss,
     fitted,
+    samples_in,
     split_batch,
 )
 
@@ -77,6 +79,16 @@ class Step:
         inputs, target = split_batch(batch)
         output = fitted(model(inputs), target, self.task)
         return self.loss_fn(output, target), output, target
+
+    def measure(self, model: nn.Module, batch: Any, sums: MetricSums, weight: float = 1.0) -> None:
+        """A held-out batch's part of the metrics: the workers' evaluation and the driver's
+        trial both go through here, so what fails in one fails in the other."""
+        if self.user_step is not None:
+            loss, metrics = self(model, batch)
+            sums.add_means(loss, metrics, samples_in(batch), weight)
+        else:
+            loss, output, target = self.forward(model, batch)
+            sums.add(output.float(), target, loss, weight)
 
 
 def build_step(tcfg: dict, task: str) -> Step:

@@ -5,7 +5,8 @@ without the orchestrator) and optimizer.pt. FSDP shards it: every rank writes it
 of the model and optimizer state with torch.distributed.checkpoint (DCP) into dcp/ (rank 0
 adds DCP's .metadata): nothing is gathered on one rank, and a checkpoint written at one world
 size loads at another (DCP reshards). The scheduler's and gradient scaler's states, the same
-on every rank, are rank 0's training_state.pt in both.
+on every rank, are rank 0's training_state.pt in both. Every file is read as data, never as
+pickled code (``weights_only=True``; DCP through trainers/pytorch/dcp_reading.py).
 
 In the background (trainer.fsdp.async_save, periodic checkpoints), the FSDP step waits only
 for a copy of this rank's shards in memory (DCP's async_save): the files are written from that
@@ -89,14 +90,16 @@ class TrainingState:
                 self.precision.scaler.load_state_dict(extras["scaler"])
 
     def _load_shards(self, folder: Path) -> None:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        from trainers.pytorch.dcp_reading import load_sharded
 
         if not (folder / "dcp").is_dir():
             raise ValueError(f"{folder} holds no sharded state (dcp/): it was written by "
                              "trainer.parallel=ddp; resume it with the same parallel mode")
         model, optimizer = get_state_dict(self.module, self.optimizer)
         state = {"model": model, "optimizer": optimizer}
-        dcp.load(state, checkpoint_id=folder / "dcp")  # this rank's shards, at any world size
+        # This rank's shards, at any world size; read as data only (the folder may be anyone's).
+        load_sharded(state, folder / "dcp")
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])

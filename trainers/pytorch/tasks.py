@@ -20,9 +20,10 @@ DEFAULT_METRICS = {
     "regression": ["mse", "r2", "loss"],
     "language_model": ["loss", "perplexity", "accuracy"],
 }
-# Dict batches whose keys say which is the input and which the target.
-DICT_KEYS = [("x", "y"), ("input", "target"), ("inputs", "targets"), ("input_ids", "labels"),
-             ("image", "label"), ("features", "label")]
+# Dict batches whose keys say which is the input and which the target (any of each: a
+# user's {"inputs": ..., "target": ...} is as clear as {"inputs": ..., "targets": ...}).
+INPUT_KEYS = ("x", "input", "inputs", "input_ids", "image", "features")
+TARGET_KEYS = ("y", "target", "targets", "labels", "label")
 
 
 def token_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -39,9 +40,10 @@ def split_batch(batch: Any) -> tuple[Any, torch.Tensor]:
     if isinstance(batch, Sequence) and not isinstance(batch, str) and len(batch) >= 2:
         return batch[0], batch[1]
     if isinstance(batch, Mapping):
-        for x, y in DICT_KEYS:
-            if x in batch and y in batch:
-                return batch[x], batch[y]
+        x = next((k for k in INPUT_KEYS if k in batch), None)
+        y = next((k for k in TARGET_KEYS if k in batch), None)
+        if x is not None and y is not None:
+            return batch[x], batch[y]
         raise ValueError(f"a batch is a dict with keys {sorted(batch)}: name them x and y (or "
                          "input/target, input_ids/labels), or give trainer.step_fn")
     raise ValueError(f"a batch is a {type(batch).__name__}, not (inputs, target): give "
@@ -75,6 +77,15 @@ def as_loss_and_metrics(result: Any) -> tuple[torch.Tensor, dict[str, torch.Tens
     return result, {}
 
 
+def one_number(value: Any, what: str, device: torch.device) -> torch.Tensor:
+    """A batch's mean as a 0-d double: sums of any other shape would not add up across
+    batches and ranks (one all-reduce of the stacked sums)."""
+    value = torch.as_tensor(value, device=device)
+    if value.numel() != 1:
+        raise ValueError(f"{what} is {tuple(value.shape)}, not one number (the batch's mean)")
+    return value.reshape(()).double()
+
+
 class MetricSums:
     """Held-out metrics as sums over samples (tokens for a language model), on the device."""
 
@@ -97,7 +108,7 @@ class MetricSums:
         output = fitted(output, target, self.task)
         count = target.numel() if self.task == "language_model" else target.shape[0]
         self._add("count", torch.tensor(float(count * weight), device=self.device))
-        self._add("loss", loss.float() * count * weight)
+        self._add("loss", one_number(loss, "the loss", self.device) * count * weight)
         if "accuracy" in self.names:
             self._add("correct", (output.argmax(-1) == target).sum() * weight)
         if "mse" in self.names or "r2" in self.names:
@@ -110,20 +121,22 @@ class MetricSums:
                 from trainers.pytorch.config import locate
 
                 self._fns[name] = locate(node["_target_"])
-            self._add(name, torch.as_tensor(self._fns[name](output, target), device=self.device)
-                      .double() * count * weight)
+            value = self._fns[name](output, target)
+            self._add(name, one_number(value, f"metric {name!r}", self.device) * count * weight)
 
     def add_means(self, loss: torch.Tensor, metrics: Mapping[str, Any], count: int,
                   weight: float = 1.0) -> None:
         """A step function's (loss, {metric: mean}) for a batch of ``count`` samples."""
         self._add("count", torch.tensor(float(count * weight), device=self.device))
-        self._add("loss", loss.float() * count * weight)
+        self._add("loss", one_number(loss, "the loss", self.device) * count * weight)
         for name, value in metrics.items():
-            self._add(f"mean:{name}", torch.as_tensor(value, device=self.device).double()
+            self._add(f"mean:{name}", one_number(value, f"its metric {name!r}", self.device)
                       * count * weight)
 
     def reduce(self, all_reduce: Callable[[torch.Tensor], None] | None) -> dict[str, float]:
         """Add every rank's sums (one all-reduce), then the metrics, named test_<metric>."""
+        if not self.sums:  # no held-out rows on any rank (every rank has the same batches)
+            return {}
         keys = sorted(self.sums)
         stacked = torch.stack([self.sums[k] for k in keys])
         if all_reduce is not None:
@@ -132,6 +145,9 @@ class MetricSums:
         n = max(total.pop("count"), 1e-12)
         loss = total.pop("loss") / n
         out: dict[str, float] = {}
+        # A metric whose sums were not kept is left out: a step function gives the loss and
+        # its own means only, not the output that accuracy, mse, r2 or a metric fn need (the
+        # driver's trial refuses such a metric when trainer.metrics names it).
         for name in self.names:
             if name == "loss":
                 out["test_loss"] = loss
@@ -139,9 +155,9 @@ class MetricSums:
                 out["test_perplexity"] = math.exp(min(loss, 700.0))
             elif name == "accuracy" and "correct" in total:
                 out["test_accuracy"] = total["correct"] / n
-            elif name == "mse":
+            elif name == "mse" and "sse" in total:
                 out["test_mse"] = total["sse"] / n
-            elif name == "r2":
+            elif name == "r2" and "sse" in total:
                 spread = total["yy"] - total["y"] ** 2 / n
                 out["test_r2"] = 1.0 - total["sse"] / spread if spread > 0 else 0.0
             elif name in total:

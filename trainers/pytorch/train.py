@@ -31,6 +31,7 @@ from trainers.pytorch.data import (
     tabular,
     to_device,
 )
+from trainers.pytorch.finite_loss import LossWatch
 from trainers.pytorch.host_memory import release_freed_memory, wanted
 from trainers.pytorch.parallel import materialize, no_sync, parallelize
 from trainers.pytorch.parts import (
@@ -43,7 +44,7 @@ from trainers.pytorch.parts import (
 )
 from trainers.pytorch.precision import Precision
 from trainers.pytorch.state import TrainingState
-from trainers.pytorch.tasks import MetricSums, samples_in
+from trainers.pytorch.tasks import MetricSums
 
 
 def seed_step(seed: int, device: torch.device) -> None:
@@ -99,6 +100,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     evaluate = Evaluation(ctx, module, step_fn, eval_set, collate, metric_names(tcfg, task),
                           precision, tcfg.get("micro_batch_size") or batch_size, workers, device)
     scale = ctx.world_size / batch_size
+    watch = LossWatch(bool(tcfg.get("allow_nonfinite_loss")), device)
 
     model.train()
     for step in range(ctx.start_step, ctx.total_steps):
@@ -122,14 +124,19 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
             scheduler.step()
         reported = {"loss": loss_sum / max(rows, 1), **{k: v / max(rows, 1) for k, v in means.items()}}
         ctx.step_done(step + 1, reported, samples=batch_size)
+        if rows:  # a rank given only padding this step has no loss of its own
+            watch.see(step + 1, reported["loss"])
         if ctx.should_evaluate(step + 1):
+            watch.check()
             ctx.eval_done(step + 1, evaluate())
         if ctx.should_save(step + 1):
+            watch.check()  # no checkpoint of NaN weights
             # The last checkpoint and a preemption's: no step to overlap, so no copy.
             last = ctx.should_preempt() or step + 1 >= ctx.total_steps
             ctx.save(step + 1, partial(state.write, background=background_saves and not last))
         if ctx.should_preempt():
             return None
+    watch.check()
     return evaluate()
 
 
@@ -152,14 +159,8 @@ class Evaluation:
                          self.workers, self.device, self.ctx.seed)
         sums = MetricSums(self.step_fn.task, self.names, self.device)
         for shard, batch in zip(shards, batches, strict=True):
-            batch = to_device(batch, self.device)
             with self.precision.autocast():
-                if self.step_fn.user_step is not None:
-                    loss, metrics = self.step_fn(self.module, batch)
-                    sums.add_means(loss, metrics, samples_in(batch), shard.weight)
-                else:
-                    loss, output, target = self.step_fn.forward(self.module, batch)
-                    sums.add(output.float(), target, loss, shard.weight)
+                self.step_fn.measure(self.module, to_device(batch, self.device), sums, shard.weight)
         self.module.train(training)
         distributed = self.ctx.world_size > 1 and dist.is_initialized()
         return sums.reduce(dist.all_reduce if distributed else None)
