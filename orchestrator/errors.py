@@ -1,4 +1,4 @@
-"""The two ways a run ends badly, each with its exit code (see SPEC.md)."""
+"""The two ways a run ends badly, each with its exit code (docs/exit-codes.md)."""
 
 
 class ConfigError(ValueError):

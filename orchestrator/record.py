@@ -1,4 +1,5 @@
-"""The run record (run.json): a plain object fed by events, serialised as SPEC.md says."""
+"""The run record (run.json): a plain object fed by events, serialised as
+docs/run-record.md describes."""
 
 from __future__ import annotations
 

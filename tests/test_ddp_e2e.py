@@ -39,8 +39,8 @@ def assert_trained(result, workers: int, min_accuracy: float = 0.9) -> dict:
 def test_sixteen_workers_share_two_cores_on_a_running_cluster_with_a_users_model(ray_head, tmp_path):
     """cluster.address=auto joins the cluster RAY_ADDRESS names; 16 workers get a fractional
     share of its 2 CPUs each; the model is the user's own (a module in tests/, switched in on
-    the command line as SPEC.md shows): it gets its width and, because its signature asks for
-    them, the data's widths, not the default MLP's keys."""
+    the command line as docs/pytorch.md shows): it gets its width and, because its signature
+    asks for them, the data's widths, not the default MLP's keys."""
     result = run_cli(tmp_path / "run", f"storage.uri={tmp_path / 'ckpt'}", "cluster.address=auto",
                      "cluster.workers=16", "trainer.max_steps=30", "checkpoint.every_steps=10",
                      "trainer.model._target_=tests.user_models.TinyTorchNet",
