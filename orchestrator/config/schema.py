@@ -141,6 +141,16 @@ class DataConfig:
     # command with exit 2, counted on the driver; true: train on them (XGBoost and LightGBM
     # take NaN as a missing value).
     allow_nonfinite: bool = False
+    # parquet: held out rows from another parquet dataset (null: data.test_fraction of data.path)
+    eval_path: str | None = None
+    # parquet: auto streams data larger than stream_above_mb decoded (each worker reads only its
+    # share, a window of row groups at a time); true | false decide it (docs/data.md)
+    stream: str = "auto"
+    stream_above_mb: float = 256.0
+    shards: int | None = None  # streamed: virtual shards (null: cluster.workers); kept on resume
+    window: int = 1  # streamed: row groups a shard shuffles together
+    max_row_group_mb: float = 512.0  # streamed: a larger row group (decoded) is refused
+    on_change: str = "refuse"  # resuming over data that changed since: refuse | continue
 
     def __post_init__(self) -> None:
         require(self.name in DATA_NAMES, "data", self.name, "one of " + ", ".join(DATA_NAMES))
@@ -150,6 +160,21 @@ class DataConfig:
         require(0 < self.test_fraction < 1, "data.test_fraction", self.test_fraction,
                 "a number strictly between 0 and 1")
         require(self.num_workers >= 0, "data.num_workers", self.num_workers, "an integer >= 0")
+        self.stream = str(self.stream).lower()
+        require(self.stream in ("auto", "true", "false"), "data.stream", self.stream,
+                "auto, true or false")
+        require(self.stream_above_mb >= 0, "data.stream_above_mb", self.stream_above_mb,
+                "a number >= 0")
+        if self.shards is not None:
+            require(self.shards >= 1, "data.shards", self.shards, "null or an integer >= 1")
+        require(self.window >= 1, "data.window", self.window, "an integer >= 1")
+        require(self.max_row_group_mb > 0, "data.max_row_group_mb", self.max_row_group_mb,
+                "a number > 0")
+        require(self.on_change in ("refuse", "continue"), "data.on_change", self.on_change,
+                "refuse or continue")
+        if self.eval_path is not None:
+            require(self.name == "parquet", "data.eval_path", self.eval_path,
+                    "null unless data=parquet")
         if self.name == "synthetic":
             self.classes = 2 if self.classes is None else self.classes
             self.rows = 10_000 if self.rows is None else self.rows

@@ -1,0 +1,187 @@
+"""The identity of parquet data, read on the driver from the files' footers alone: every file
+(size, modification time) and every row group (rows, bytes, its first row's global id).
+
+Streamed runs (orchestrator/data/stream_order.py) plan from it without reading a row; every
+checkpoint keeps its digest and file list, so that a resume against changed data is refused
+naming what changed. The bad inputs a footer reveals (no files, schemas that differ, a row
+group too large to stream) stop the command here, before any worker starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from orchestrator.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DataFile:
+    path: str  # inside the filesystem
+    size: int
+    mtime_ns: int | None  # None where the filesystem does not say
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    file: int  # index into Manifest.files
+    index: int  # the row group's index in its file
+    rows: int
+    bytes: int  # compressed, as stored
+    memory: int  # uncompressed: what it takes decoded
+    first_row: int  # the global id of its first row (files in path order, row groups in order)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    files: tuple[DataFile, ...]
+    groups: tuple[RowGroup, ...]
+    columns: tuple[str, ...]  # in the files' order; every one but the label is a feature
+    label: str
+
+    @property
+    def rows(self) -> int:
+        return sum(g.rows for g in self.groups)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def memory(self) -> int:
+        return sum(g.memory for g in self.groups)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return tuple(c for c in self.columns if c != self.label)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def summary(self) -> dict:
+        """What a checkpoint keeps: enough to name what changed since."""
+        return {"digest": self.digest(), "rows": self.rows,
+                "files": {f.path: [f.size, f.mtime_ns] for f in self.files}}
+
+    def to_dict(self) -> dict:
+        return {"files": [asdict(f) for f in self.files], "groups": [asdict(g) for g in self.groups],
+                "columns": list(self.columns), "label": self.label}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Manifest:
+        return cls(tuple(DataFile(**f) for f in d["files"]), tuple(RowGroup(**g) for g in d["groups"]),
+                   tuple(d["columns"]), d["label"])
+
+
+def what_changed(before: dict, now: Manifest) -> str | None:
+    """One phrase naming how the data differs from a checkpoint's summary; None if it does not."""
+    if before.get("digest") == now.digest():
+        return None
+    old, new = before.get("files", {}), now.summary()["files"]
+    added, removed = sorted(set(new) - set(old)), sorted(set(old) - set(new))
+    changed = sorted(p for p in set(old) & set(new) if list(old[p]) != list(new[p]))
+    parts = []
+    for word, paths in (("added", added), ("removed", removed), ("changed", changed)):
+        if paths:
+            more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
+            parts.append(f"{len(paths)} file{'s' if len(paths) > 1 else ''} {word} ({paths[0]}{more})")
+    if not parts:
+        parts.append(f"its row groups differ ({before.get('rows')} rows then, {now.rows} now)")
+    return ", ".join(parts)
+
+
+def list_files(fs: pafs.FileSystem, path: str, key: str) -> list[pafs.FileInfo]:
+    """A file, every *.parquet under a folder (sorted), or a glob's matches."""
+    if any(ch in path for ch in "*?["):
+        import fnmatch
+
+        base = path[: min(path.index(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
+        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        found = [i for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)]
+    else:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            found = [info]
+        elif info.type == pafs.FileType.Directory:
+            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+            found = [i for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")
+                     and not any(part.startswith((".", "_")) for part in i.path[len(path):].split("/"))]
+        else:
+            raise ConfigError(f"{key}={path!r}: no such file or folder")
+    if not found:
+        raise ConfigError(f"{key}={path!r}: no parquet files there (a folder's *.parquet files, "
+                          "a glob, or one file)")
+    return sorted(found, key=lambda i: i.path)
+
+
+def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.path",
+                  max_row_group_mb: float | None = None) -> Manifest:
+    """Footers only: one small read at the end of each file."""
+    infos = list_files(fs, path, key)
+    files, groups, schema, first = [], [], None, 0
+    for number, info in enumerate(infos):
+        try:
+            with fs.open_input_file(info.path) as handle:
+                meta = pq.ParquetFile(handle).metadata
+                file_schema = meta.schema.to_arrow_schema()
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ConfigError(f"{key}={path!r}: {info.path} is not a readable parquet file "
+                              f"({str(exc).splitlines()[0][:160]})") from None
+        if schema is None:
+            schema = file_schema
+            if label not in schema.names:
+                raise ConfigError(f"data.label={label!r} is not a column of {info.path}: "
+                                  "columns are " + ", ".join(schema.names))
+        elif not file_schema.equals(schema):
+            raise ConfigError(f"{key}={path!r}: {info.path} has another schema than "
+                              f"{infos[0].path} ({schema_difference(schema, file_schema, label)}); "
+                              "every file must have the same columns and types")
+        mtime = info.mtime_ns if info.mtime is not None else None
+        files.append(DataFile(info.path, info.size, mtime))
+        for index in range(meta.num_row_groups):
+            rg = meta.row_group(index)
+            stored = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
+            groups.append(RowGroup(number, index, rg.num_rows, stored, rg.total_byte_size, first))
+            first += rg.num_rows
+            if max_row_group_mb and rg.total_byte_size > max_row_group_mb * 2**20:
+                raise ConfigError(
+                    f"data.max_row_group_mb={max_row_group_mb:g}: row group {index} of "
+                    f"{info.path} holds {rg.total_byte_size / 2**20:.0f} MiB decoded, more than a "
+                    "worker streams at once: write the data with smaller row groups (pyarrow's "
+                    "row_group_size) or raise data.max_row_group_mb")
+    groups = [g for g in groups if g.rows]
+    if not groups:
+        raise ConfigError(f"{key}={path!r}: the parquet files hold no rows")
+    check_numeric(schema, label, key, path)
+    return Manifest(tuple(files), tuple(groups), tuple(schema.names), label)
+
+
+def schema_difference(first: pa.Schema, other: pa.Schema, label: str) -> str:
+    missing = [n for n in first.names if n not in other.names]
+    if label in missing:
+        return f"no label column {label!r}"
+    if missing:
+        return "no column " + ", ".join(repr(n) for n in missing[:3])
+    extra = [n for n in other.names if n not in first.names]
+    if extra:
+        return "an extra column " + ", ".join(repr(n) for n in extra[:3])
+    for fld in first:
+        if other.field(fld.name).type != fld.type:
+            return f"{fld.name!r} is {other.field(fld.name).type}, not {fld.type}"
+    return "its columns are in another order"
+
+
+def is_numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def check_numeric(schema: pa.Schema, label: str, key: str, path: str) -> None:
+    for fld in schema:
+        if fld.name != label and not is_numeric(fld.type):
+            raise ConfigError(f"{key}={path!r}: feature column {fld.name!r} is {fld.type}, "
+                              "only numeric feature columns are allowed")

@@ -1,0 +1,158 @@
+"""Whether a run streams its parquet data, and everything decided for it on the driver: the
+manifests (footers), the virtual shard count, the label classes and the feature scaling.
+
+data.stream=auto streams data larger than data.stream_above_mb decoded; smaller data keeps
+the exact full shuffle of the in-memory path (orchestrator/data/order.py). A resume keeps the
+checkpoint's shard count, and refuses data that changed since (data.on_change).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from orchestrator.config.schema import DataConfig
+from orchestrator.data.manifest import Manifest, read_manifest, what_changed
+from orchestrator.data.row_split import held_out
+from orchestrator.data.stream_order import StreamOrder
+from orchestrator.data.stream_reader import Decoding, EvalShare, GroupReader, RankStream
+from orchestrator.errors import ConfigError
+from orchestrator.storage import StorageSpec
+
+SAMPLE_GROUPS = 4  # row groups read on the driver for the feature scaling
+STREAMING_TRAINERS = ("ddp", "fsdp")  # the rest read their share whole (for now)
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    manifest: Manifest
+    eval_manifest: Manifest | None  # data.eval_path
+    decoding: Decoding
+    shards: int
+    window: int
+    data: StorageSpec  # where data.path is, reached with the run's credentials
+    eval_data: StorageSpec | None
+    seed: int
+    test_fraction: float
+
+    def order(self, global_batch: int) -> StreamOrder:
+        return StreamOrder(self.manifest, self.seed, global_batch, self.shards, self.window,
+                           self.test_fraction, self.eval_manifest is not None)
+
+    def rank_stream(self, order: StreamOrder, rank: int, world_size: int) -> RankStream:
+        fs, _ = self.data.filesystem()
+        return RankStream(order, GroupReader(self.manifest, fs, self.decoding), rank, world_size)
+
+    def eval_share(self, order: StreamOrder, rank: int, world_size: int,
+                   batch_size: int) -> EvalShare:
+        """This rank's held-out rows; every rank gets the same number of batches."""
+        if self.eval_manifest is None:
+            per_rank = [[g for v in order.shards_of(r, world_size) for g in order.dealt[v]]
+                        for r in range(world_size)]
+            rows = [sum(order.test_rows[g] for g in gs) for gs in per_rank]
+            fs, _ = self.data.filesystem()
+            reader = GroupReader(self.manifest, fs, self.decoding)
+            groups = sorted(per_rank[rank])
+            masks = lambda g: ~order.train_mask(g)  # noqa: E731
+        else:
+            n = len(self.eval_manifest.groups)
+            per_rank = [list(range(r, n, world_size)) for r in range(world_size)]
+            rows = [sum(self.eval_manifest.groups[g].rows for g in gs) for gs in per_rank]
+            fs, _ = self.eval_data.filesystem()
+            reader = GroupReader(self.eval_manifest, fs, self.decoding)
+            groups = per_rank[rank]
+            masks = lambda g: slice(None)  # noqa: E731
+        count = max(-(-r // batch_size) for r in rows)
+        return EvalShare(reader, groups, masks, batch_size, count)
+
+
+def stream_wanted(cfg: DataConfig, manifest: Manifest) -> bool:
+    if cfg.stream == "auto":
+        return manifest.memory > cfg.stream_above_mb * 2**20
+    return cfg.stream == "true"
+
+
+def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str, workers: int,
+                global_batch: int | None, task: str, resumed: dict | None) -> StreamPlan | None:
+    """None where the run keeps its data in memory. ``resumed``: the data position of the
+    checkpoint the run resumes from."""
+    if cfg.name != "parquet" or cfg.stream == "false":
+        return None
+    data = storage.sibling(cfg.path)
+    fs, path = data.filesystem()
+    manifest = read_manifest(fs, path, cfg.label, "data.path", cfg.max_row_group_mb)
+    if not stream_wanted(cfg, manifest):
+        return None
+    if trainer not in STREAMING_TRAINERS:
+        if cfg.stream == "true":
+            raise ConfigError(f"data.stream=true: trainer={trainer} reads its data whole; "
+                              "streamed data is for " + ", ".join(STREAMING_TRAINERS))
+        return None
+    eval_data = eval_manifest = None
+    if cfg.eval_path:
+        eval_data = storage.sibling(cfg.eval_path)
+        efs, epath = eval_data.filesystem()
+        eval_manifest = read_manifest(efs, epath, cfg.label, "data.eval_path", cfg.max_row_group_mb)
+        if eval_manifest.columns != manifest.columns:
+            raise ConfigError(f"data.eval_path={cfg.eval_path!r}: its columns differ from "
+                              f"data.path's ({', '.join(eval_manifest.columns)})")
+    before = resumed if resumed and resumed.get("streamed") else None
+    shards = before["shards"] if before else (cfg.shards or workers)
+    check_shards(cfg, shards, workers, len(manifest.groups), global_batch, before is not None)
+    if before and (change := what_changed(before["manifest"], manifest)):
+        if cfg.on_change == "refuse":
+            raise ConfigError(
+                f"data.path={cfg.path!r} changed since the checkpoint this run resumes from "
+                f"({change}): its order and split would differ; set data.on_change=continue to "
+                "go on with the data as it is now, or start a new run (run.name)")
+    decoding = decide_decoding(fs, manifest, cfg, seed, task)
+    return StreamPlan(manifest, eval_manifest, decoding, shards, cfg.window, data, eval_data, seed,
+                      cfg.test_fraction)
+
+
+def check_shards(cfg: DataConfig, shards: int, workers: int, groups: int,
+                 global_batch: int | None, resumed: bool) -> None:
+    source = "the checkpoint's shard count" if resumed else "data.shards"
+    if shards < workers:
+        raise ConfigError(f"{source}={shards} is fewer than cluster.workers={workers}: a worker "
+                          "would have no data (each streams whole virtual shards)")
+    if groups < shards:
+        raise ConfigError(f"data.path={cfg.path!r} has {groups} row groups, fewer than "
+                          f"{shards} virtual shards ({source}, null: cluster.workers): write "
+                          "it with more row groups, or stream fewer shards")
+    if global_batch is not None and global_batch < shards:
+        raise ConfigError(f"trainer.batch_size={global_batch} is smaller than the {shards} "
+                          f"virtual shards ({source}): each gives the global batch a row or more")
+
+
+def decide_decoding(fs, manifest: Manifest, cfg: DataConfig, seed: int, task: str) -> Decoding:
+    """Label classes from the label column (one column, all row groups); feature scaling
+    from the training rows of a few row groups spread over the data."""
+    classes = None
+    if task != "regression":
+        found = []
+        for f in manifest.files:
+            with fs.open_input_file(f.path) as handle:
+                column = pq.ParquetFile(handle).read(columns=[manifest.label])[manifest.label]
+            found.append(pc.unique(column))
+        classes = tuple(sorted(pc.unique(pa.concat_arrays(found)).to_pylist()))
+    picks = np.unique(np.linspace(0, len(manifest.groups) - 1, SAMPLE_GROUPS).round().astype(int))
+    sample = []
+    plain = Decoding(manifest.features, manifest.label, None, None, None)
+    for g in picks:
+        grp = manifest.groups[g]
+        with fs.open_input_file(manifest.files[grp.file].path) as handle:
+            table = pq.ParquetFile(handle).read_row_group(grp.index, columns=list(manifest.features)
+                                                          + [manifest.label])
+        x, _ = plain.decode(table)
+        ids = np.arange(grp.first_row, grp.first_row + grp.rows)
+        sample.append(x if cfg.eval_path else x[~held_out(ids, seed, cfg.test_fraction)])
+    x = np.concatenate(sample)
+    mean, std = x.mean(0), x.std(0)
+    std = np.where(std < 1e-6, 1.0, std).astype(np.float32)
+    return Decoding(manifest.features, manifest.label, classes, mean.astype(np.float32), std)
+

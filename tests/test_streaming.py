@@ -1,0 +1,152 @@
+"""Streamed parquet (orchestrator/data/stream_*.py) without Ray: the order's guarantees, and
+that the rows a rank reads are the rows the order names."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from orchestrator.config.schema import DataConfig
+from orchestrator.data.manifest import read_manifest, what_changed
+from orchestrator.data.streaming import plan_stream
+from orchestrator.errors import ConfigError
+from orchestrator.storage import StorageSpec
+
+FEATURES = 3
+
+
+def write_data(folder, files=4, groups=3, rows=50, label=None):
+    """Rows whose first feature is their global id (files in name order)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    first = 0
+    for f in range(files):
+        n = groups * rows
+        ids = np.arange(first, first + n)
+        table = pa.table({"id": ids.astype(np.float64),
+                          **{f"f{i}": np.sin(ids * (i + 1)).astype(np.float32) for i in range(1, FEATURES)},
+                          "label": (ids % 3) if label is None else label(ids)})
+        pq.write_table(table, folder / f"part-{f:02d}.parquet", row_group_size=rows)
+        first += n
+    return folder
+
+
+def config(path, **kw):
+    return DataConfig(name="parquet", path=str(path), stream="true", **kw)
+
+
+def stream_plan(path, workers=4, batch=16, resumed=None, **kw):
+    return plan_stream(config(path, **kw), StorageSpec(str(path)), seed=7, trainer="ddp",
+                       workers=workers, global_batch=batch, task="classification", resumed=resumed)
+
+
+def read_ids(plan, order, rank, world, start, total):
+    """The ids a rank's stream gives, from the data itself (feature 'id', unscaled)."""
+    stream = plan.rank_stream(order, rank, world)
+    out = []
+    mean, std = plan.decoding.mean[0], plan.decoding.std[0]
+    for ids, x, _ in stream.steps(start, total):
+        assert np.array_equal(np.rint(x[:, 0] * std + mean).astype(np.int64), ids)
+        out.append(ids)
+    return out, stream.reader.bytes_read
+
+
+def test_the_global_batch_is_the_same_at_every_world_size_and_each_rank_reads_its_share(tmp_path):
+    data = write_data(tmp_path / "data")
+    plan = stream_plan(data)
+    order = plan.order(16)
+    total = order.steps_per_epoch * 2 + 3  # over an epoch boundary
+    steps = {}
+    for world in (1, 2, 4):
+        ranks = [read_ids(plan, plan.order(16), r, world, 0, total) for r in range(world)]
+        steps[world] = [np.sort(np.concatenate([ranks[r][0][s] for r in range(world)]))
+                        for s in range(total)]
+        if world == 4:  # each rank read about a quarter of the bytes of an epoch (x2 epochs)
+            size = sum(f.size for f in plan.manifest.files)
+            for _, read in ranks:
+                assert read <= 1.25 * 2 * size / 4 + 64 * 1024
+    for s in range(total):
+        assert np.array_equal(steps[1][s], steps[2][s]) and np.array_equal(steps[1][s], steps[4][s])
+        assert np.array_equal(steps[1][s], np.sort(order.global_batch_rows(s)))
+        assert len(steps[1][s]) == 16
+    epoch = np.concatenate(steps[1][:order.steps_per_epoch])
+    assert len(np.unique(epoch)) == len(epoch)  # no row twice in an epoch
+    assert not np.array_equal(steps[1][0], steps[1][order.steps_per_epoch])  # reshuffled
+
+
+def test_a_resume_mid_epoch_at_another_size_continues_exactly(tmp_path):
+    data = write_data(tmp_path / "data")
+    plan = stream_plan(data)
+    order = plan.order(16)
+    total = order.steps_per_epoch + 4
+    whole, _ = read_ids(plan, order, 0, 1, 0, total)
+    middle = order.steps_per_epoch - 2
+    resumed = [read_ids(plan, plan.order(16), r, 2, middle, total)[0] for r in range(2)]
+    for i, s in enumerate(range(middle, total)):
+        assert np.array_equal(np.sort(whole[s]), np.sort(np.concatenate([r[i] for r in resumed])))
+
+
+def test_held_out_rows_never_train_and_every_row_is_somewhere(tmp_path):
+    data = write_data(tmp_path / "data", files=2)
+    plan = stream_plan(data, workers=2)
+    order = plan.order(8)
+    trained = np.concatenate([order.train_ids(g) for g in range(len(plan.manifest.groups))])
+    tested = []
+    for rank in range(2):
+        for x, _y, weight in plan.eval_share(order, rank, 2, 10):
+            if weight:
+                tested.append(np.rint(x[:, 0] * plan.decoding.std[0] + plan.decoding.mean[0]))
+    tested = np.concatenate(tested).astype(np.int64)
+    assert len(np.intersect1d(trained, tested)) == 0
+    assert len(trained) + len(tested) == plan.manifest.rows
+    assert 0.1 < len(tested) / plan.manifest.rows < 0.3  # data.test_fraction 0.2
+
+
+def test_changed_data_is_named_and_refused_unless_asked(tmp_path):
+    data = write_data(tmp_path / "data")
+    before = stream_plan(data).order(16).position()
+    write_data(tmp_path / "data", files=5)  # one file more
+    with pytest.raises(ConfigError, match=r"changed since .*1 file added \(.*part-04.parquet\).*"
+                                          r"data.on_change=continue"):
+        stream_plan(data, resumed=before)
+    assert stream_plan(data, resumed=before, on_change="continue").shards == 4
+    now = read_manifest(pafs.LocalFileSystem(), str(data), "label")
+    assert what_changed(now.summary(), now) is None
+
+
+@pytest.mark.parametrize("case, message", [
+    ("empty", r"data.path=.*: no parquet files there"),
+    ("schema", r"part-01.parquet has another schema than .*part-00.parquet \('f1' is double"),
+    ("label", r"part-01.parquet has another schema .*\(no label column 'label'\)"),
+    ("big_group", r"data.max_row_group_mb=0.001: row group 0 of .* holds"),
+    ("text", r"feature column 'f1' is string, only numeric"),
+    ("few_groups", r"has 2 row groups, fewer than 4 virtual shards"),
+    ("small_batch", r"trainer.batch_size=2 is smaller than the 4 virtual shards"),
+])
+def test_bad_data_is_one_line_from_the_footers(tmp_path, case, message):
+    data = tmp_path / "data"
+    kw, batch = {}, 16
+    if case == "empty":
+        data.mkdir()
+    elif case in ("schema", "label", "text"):
+        write_data(data, files=1)
+        table = pq.read_table(data / "part-00.parquet")
+        if case == "schema":
+            table = table.set_column(1, "f1", table["f1"].cast(pa.float64()))
+        elif case == "label":
+            table = table.drop_columns(["label"])
+        else:
+            table = table.set_column(1, "f1", pa.array([str(v) for v in table["f1"].to_pylist()]))
+        pq.write_table(table, data / ("part-01.parquet" if case != "text" else "part-00.parquet"))
+    elif case == "big_group":
+        write_data(data, files=1)
+        kw["max_row_group_mb"] = 0.001
+    elif case == "few_groups":
+        write_data(data, files=1, groups=2)
+    else:
+        write_data(data)
+        batch = 2
+    with pytest.raises(ConfigError, match=message):
+        stream_plan(data, batch=batch, **kw)
