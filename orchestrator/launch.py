@@ -48,7 +48,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
         data_cfg = OmegaConf.to_container(cfg_node.data, resolve=True)
         training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True), data_cfg)
         check_cluster(training.backend, cfg.cluster.gpus_per_worker)
-        plan = make_plan(cfg, training.config, data_cfg)
+        plan = make_plan(cfg, training.config, data_cfg, training.info.streams)
     except ConfigError as exc:
         return input_error(exc)
 
@@ -85,7 +85,8 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             spec = WorkerSpec(training.path, {"trainer": training.config, "data": data_cfg},
                               cfg.data, cfg.checkpoint, plan.run_storage, plan.resume_source,
                               cfg.seed, recorder, cfg.failure.preemption_check_s,
-                              cfg.failure.hang_timeout_s, eval_every_steps=cfg.run.eval_every_steps)
+                              cfg.failure.hang_timeout_s, eval_every_steps=cfg.run.eval_every_steps,
+                              stream=plan.stream)
             scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
             scaling = ScalingConfig(**scaling_args)
             log.info("asking Ray for %s", describe_workers(scaling_args))

@@ -44,6 +44,9 @@ class RunRecord:
     workers: list[dict] = field(default_factory=list)  # the current group: rank, pid, node
     failures: list[dict] = field(default_factory=list)  # worker exceptions, with the decision
     preemption_notices: list[dict] = field(default_factory=list)
+    # Streamed data: shards, rows and bytes of the data, and the bytes each rank read (its
+    # latest worker group's, from the step it started at).
+    data: dict | None = None
     permanent_error: str | None = None  # the traceback of a failure that repeated
     started_at: float = field(default_factory=time.time)
     _first_group_at: float | None = None

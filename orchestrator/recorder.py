@@ -147,6 +147,12 @@ class RunRecorder:
         self._notice(message, "WARNING")
         self._write(force=True)
 
+    def data_read(self, rank: int, facts: dict, read: dict) -> None:
+        """Streamed data: what it is (``facts``), and what rank ``rank`` read so far."""
+        data = self.record.data = self.record.data or {**facts, "ranks": {}}
+        data["ranks"][str(rank)] = read
+        self._write()
+
     def note(self, message: str, level: str = "INFO") -> None:
         """A worker's line for the user's terminal (workers' own output is Ray's business)."""
         self._notice(message, level)

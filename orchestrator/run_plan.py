@@ -14,6 +14,7 @@ from orchestrator.checkpoint.store import CheckpointStore, open_source
 from orchestrator.config.schema import Config, DataConfig
 from orchestrator.data.datasets import check_parquet, data_facts
 from orchestrator.data.nonfinite import check_finite
+from orchestrator.data.streaming import StreamPlan, plan_stream
 from orchestrator.errors import ConfigError
 from orchestrator.storage import Credentials, StorageSpec, absolute
 from orchestrator.storage_check import check_storage, create_bucket
@@ -26,6 +27,7 @@ class RunPlan:
     resume_source: StorageSpec | None  # resume=<uri>
     resume_step: int | None  # the step the run will start from, if not 0
     created_bucket: bool = False  # made by make_plan: removed again if a later check refuses
+    stream: StreamPlan | None = None  # streamed parquet (orchestrator/data/streaming.py)
 
 
 def derive_run_name(trainer: dict, data: dict, seed: int) -> str:
@@ -60,7 +62,8 @@ def complete_data(cfg_node: DictConfig, cfg: Config) -> None:
                 setattr(data, key, getattr(facts, key))
 
 
-def make_plan(cfg: Config, trainer: dict, data: dict) -> RunPlan:
+def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> RunPlan:
+    """``streams``: the training function reads streamed data (TrainingInfo.streams)."""
     storage = storage_spec(cfg)
     bucket_missing = check_storage(storage)
     name = cfg.run.name or derive_run_name(trainer, data, cfg.seed)
@@ -76,6 +79,7 @@ def make_plan(cfg: Config, trainer: dict, data: dict) -> RunPlan:
             "them: choose another run.name, or resume=auto"
         )
     source, step = None, (latest.step if latest else None)
+    resumed = (CheckpointStore(run_storage), latest) if latest else None
     if cfg.resume not in ("auto", "never"):
         source = storage.sibling(cfg.resume)
         try:
@@ -88,9 +92,15 @@ def make_plan(cfg: Config, trainer: dict, data: dict) -> RunPlan:
                 "folder with a manifest.json, or a run folder holding some)"
             )
         step = step if latest else found[1].step
+        resumed = resumed or found
 
+    stream = None
     if cfg.data.name == "parquet":
         check_parquet(cfg.data, storage)
+        position = resumed[0].read_manifest(resumed[1]).get("meta", {}).get("data") if resumed else None
+        stream = plan_stream(cfg.data, storage, cfg.seed, None if streams else trainer.get("name"),
+                             cfg.cluster.workers, trainer.get("batch_size"),
+                             cfg.data.task or "classification", position)
     if bucket_missing:  # every check passed: only now is anything written
         create_bucket(storage)
-    return RunPlan(name, run_storage, source, step, created_bucket=bucket_missing)
+    return RunPlan(name, run_storage, source, step, created_bucket=bucket_missing, stream=stream)

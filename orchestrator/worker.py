@@ -48,6 +48,7 @@ class WorkerSpec:
     preemption_check_s: float = 1.0  # how often the workers agree on preemption notices
     preemption_wait_s: float = 30.0  # how long to wait for a notice without deadline
     eval_every_steps: int | None = None  # run.eval_every_steps
+    stream: Any = None  # a StreamPlan where data=parquet is streamed (orchestrator/data/streaming.py)
 
 
 class Collective(Protocol):

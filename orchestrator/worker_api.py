@@ -32,8 +32,9 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,18 +62,21 @@ class TrainingInfo:
     config: type | None = None  # a dataclass schema for cfg["trainer"], checked before Ray starts
     check: Callable[[dict], None] | None = None  # more checks on cfg (raise ConfigError)
     step_unit: str = "step"  # what the progress display counts ("round" for boosting)
+    streams: bool = False  # reads large parquet data through ctx.stream() (a rank's share)
 
 
 def training_function(config: type | None = None, check: Callable[[dict], None] | None = None,
-                      step_unit: str = "step"):
+                      step_unit: str = "step", streams: bool = False):
     """Optional decorator: the schema your ``trainer`` keys must fit (a dataclass whose
     ``__post_init__`` may raise ConfigError), extra checks ``check(cfg)`` on what the function
     will get (``{"trainer": ..., "data": ...}``: try your parts on a tiny batch, say), and the
     unit of a step. Bad input then stops the command with one line and exit code 2, before
-    any worker starts."""
+    any worker starts. ``streams``: the function reads data=parquet larger than
+    data.stream_above_mb through ``ctx.stream()`` (its share, streamed) rather than
+    ``ctx.dataset()`` (the whole data in memory)."""
 
     def mark(fn):
-        fn.__training_info__ = TrainingInfo(config, check, step_unit)
+        fn.__training_info__ = TrainingInfo(config, check, step_unit, streams)
         return fn
 
     return mark
@@ -95,6 +99,10 @@ class Batches:
     def steps_per_epoch(self) -> int:
         return self._order.steps_per_epoch
 
+    @property
+    def global_batch(self) -> int:
+        return self._order.global_batch
+
     def rows(self, step: int) -> np.ndarray:
         """This rank's row indices of the global batch at ``step``."""
         return self._order.shard(step, self._rank, self._world)
@@ -111,6 +119,35 @@ class Batches:
         return {"seed": o.seed, "num_rows": o.num_rows, "global_batch": o.global_batch,
                 "next_step": step, "epoch": o.epoch_of(step),
                 "batch_in_epoch": step % o.steps_per_epoch}
+
+
+class StreamedBatches(Batches):
+    """Batches of streamed parquet data (data.stream; ctx.stream()): the same global batch at
+    any world size, and this rank's rows read from its own row groups, a window at a time.
+    ``rows(step)`` are global row ids; ``read`` gives the rows themselves."""
+
+    def __init__(self, order, plan, rank: int, world_size: int, report: Callable[[dict], None]):
+        super().__init__(order, rank, world_size)
+        self._plan, self._report, self._stream = plan, report, None
+
+    def read(self, start: int, total: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(row ids, features float32, labels) of this rank's share of steps start..total-1,
+        features scaled by the mean and spread of a sample of the training rows."""
+        self._stream = self._plan.rank_stream(self._order, self._rank, self._world)
+        started = time.perf_counter()
+        for step, rows in enumerate(self._stream.steps(start, total), start + 1):
+            if step % 100 == 0 or step == total:  # read so far, windows read ahead included
+                self._report({"bytes_read": self._stream.reader.bytes_read, "from_step": start,
+                              "to_step": step, "read_s": round(time.perf_counter() - started, 3)})
+            yield rows
+
+    def eval_batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray, float]]:
+        """This rank's held-out rows in batches (x, y, weight): every rank the same number of
+        batches, padding ones weighing 0."""
+        return iter(self._plan.eval_share(self._order, self._rank, self._world, batch_size))
+
+    def position(self, step: int) -> dict:
+        return {**super().position(step), **self._order.position()}
 
 
 # -- the context -------------------------------------------------------------------------
@@ -258,6 +295,27 @@ class WorkerContext:
         self._batches = Batches(DataOrder(self.seed, num_rows, global_batch), self.rank,
                                 self.world_size)
         self._check_data_position(num_rows, global_batch)
+        return self._batches
+
+    @property
+    def streamed(self) -> bool:
+        """data=parquet is streamed (data.stream): read it with stream(), not dataset()."""
+        return self._spec.stream is not None
+
+    def stream(self, global_batch: int) -> StreamedBatches:
+        """Streamed parquet data in global batches of ``global_batch``: this rank reads only
+        its share (its virtual shards' row groups); checkpoints record the position."""
+        plan = self._spec.stream
+        if plan is None:
+            raise RuntimeError("ctx.stream(): this run's data is not streamed (ctx.streamed)")
+        order = plan.order(global_batch)
+        facts = {"streamed": True, "shards": plan.shards, "window": plan.window,
+                 "rows": plan.manifest.rows, "train_rows": order.num_rows,
+                 "files": len(plan.manifest.files), "row_groups": len(plan.manifest.groups),
+                 "bytes": plan.manifest.bytes, "steps_per_epoch": order.steps_per_epoch}
+        report = partial(self._spec.recorder.data_read.remote, self.rank, facts)
+        self._batches = StreamedBatches(order, plan, self.rank, self.world_size, report)
+        self._check_data_position(order.num_rows, global_batch)
         return self._batches
 
     def step_seed(self, step: int) -> int:

@@ -38,7 +38,7 @@ def config(path, **kw):
 
 
 def stream_plan(path, workers=4, batch=16, resumed=None, **kw):
-    return plan_stream(config(path, **kw), StorageSpec(str(path)), seed=7, trainer="ddp",
+    return plan_stream(config(path, **kw), StorageSpec(str(path)), seed=7, trainer=None,
                        workers=workers, global_batch=batch, task="classification", resumed=resumed)
 
 

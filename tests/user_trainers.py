@@ -8,6 +8,7 @@ import os
 import time
 
 from orchestrator.training_function import import_function
+from orchestrator.worker_api import training_function
 
 DDP = "trainers.pytorch.train:main"  # the built-in PyTorch trainer (trainer=ddp|fsdp)
 
@@ -73,8 +74,9 @@ def gated(ctx, cfg):
     return inner(ctx, cfg)
 
 
+@training_function(streams=True)
 def gated_ddp(ctx, cfg):
-    """gated() over the PyTorch trainer (trainer=ddp|fsdp)."""
+    """gated() over the PyTorch trainer (trainer=ddp|fsdp), which reads streamed data too."""
     cfg["trainer"]["inner"] = DDP
     return gated(ctx, cfg)
 

@@ -83,6 +83,7 @@ class GroupReader:
         self.manifest, self.fs, self.decoding = manifest, fs, decoding
         self._count, self._lock = [0], threading.Lock()
         self.columns = [*decoding.features, decoding.label]
+        self._footers: dict[int, pq.FileMetaData] = {}
 
     @property
     def bytes_read(self) -> int:
@@ -93,7 +94,11 @@ class GroupReader:
         path = self.manifest.files[grp.file].path
         raw = self.fs.open_input_file(path)
         with pa.PythonFile(CountingFile(raw, self._count, self._lock), mode="r") as handle:
-            table = pq.ParquetFile(handle).read_row_group(grp.index, columns=self.columns)
+            # A file's footer is read once (pyarrow reads its last 64 KiB for it): a row
+            # group of a file already seen costs its own bytes only.
+            parquet = pq.ParquetFile(handle, metadata=self._footers.get(grp.file))
+            self._footers[grp.file] = parquet.metadata
+            table = parquet.read_row_group(grp.index, columns=self.columns)
         return self.decoding.decode(table)
 
 

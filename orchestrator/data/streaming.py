@@ -24,7 +24,6 @@ from orchestrator.errors import ConfigError
 from orchestrator.storage import StorageSpec
 
 SAMPLE_GROUPS = 4  # row groups read on the driver for the feature scaling
-STREAMING_TRAINERS = ("ddp", "fsdp")  # the rest read their share whole (for now)
 
 
 @dataclass(frozen=True)
@@ -76,9 +75,11 @@ def stream_wanted(cfg: DataConfig, manifest: Manifest) -> bool:
     return cfg.stream == "true"
 
 
-def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str, workers: int,
-                global_batch: int | None, task: str, resumed: dict | None) -> StreamPlan | None:
-    """None where the run keeps its data in memory. ``resumed``: the data position of the
+def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str | None,
+                workers: int, global_batch: int | None, task: str,
+                resumed: dict | None) -> StreamPlan | None:
+    """None where the run keeps its data in memory. ``trainer``: its name where its training
+    function does not stream (None where it does). ``resumed``: the data position of the
     checkpoint the run resumes from."""
     if cfg.name != "parquet" or cfg.stream == "false":
         return None
@@ -87,10 +88,10 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str, 
     manifest = read_manifest(fs, path, cfg.label, "data.path", cfg.max_row_group_mb)
     if not stream_wanted(cfg, manifest):
         return None
-    if trainer not in STREAMING_TRAINERS:
+    if trainer is not None:
         if cfg.stream == "true":
             raise ConfigError(f"data.stream=true: trainer={trainer} reads its data whole; "
-                              "streamed data is for " + ", ".join(STREAMING_TRAINERS))
+                              "streamed data is for trainer=ddp and trainer=fsdp")
         return None
     eval_data = eval_manifest = None
     if cfg.eval_path:

@@ -74,11 +74,10 @@ class StepPlan:
 
     def _split(self, step: int) -> list[MicroBatch]:
         rows = self.batches.rows(step)
-        global_rows = self.batches.global_rows(step)
-        most = math.ceil(len(global_rows) / self.world_size)  # the largest share this step
+        most = math.ceil(self.batches.global_batch / self.world_size)  # the largest share
         count = max(1, math.ceil(most / self.micro)) if self.micro else 1
         if len(rows) == 0:
-            return [MicroBatch(global_rows[:1], 0.0)] * count
+            return [MicroBatch(self.batches.global_rows(step)[:1], 0.0)] * count
         return [MicroBatch(part, 1.0) if len(part) else MicroBatch(rows[:1], 0.0)
                 for part in np.array_split(rows, count)]
 
@@ -123,6 +122,22 @@ def fetched(dataset: Dataset, plan: StepPlan, start: int, total: int, collate: C
     for rows in plan.rows(start, total):
         rows = rows if whole else rows.tolist()
         yield collate(getitems(rows) if getitems else [dataset[i] for i in rows])
+
+
+def streamed_feed(batches, plan: StepPlan, start: int, total: int) -> Iterator:
+    """The micro-batches of steps start..total-1 from streamed data (ctx.stream()): each
+    step's rows as read, cut where the plan cuts them (its padding: the step's first row)."""
+    for step, (ids, x, y) in zip(range(start, total), batches.read(start, total), strict=True):
+        x, y, offset = torch.from_numpy(x), torch.from_numpy(y), 0
+        for micro in plan.micro_batches(step):
+            if not micro.weight:
+                yield x[:1], y[:1]
+                continue
+            n = len(micro.rows)
+            if not np.array_equal(micro.rows, ids[offset:offset + n]):
+                raise RuntimeError(f"streamed rows out of order at step {step}")
+            yield x[offset:offset + n], y[offset:offset + n]
+            offset += n
 
 
 def eval_shards(size: int, rank: int, world_size: int, batch_size: int) -> list[MicroBatch]:

@@ -28,6 +28,7 @@ from trainers.pytorch.data import (
     eval_shards,
     loader,
     step_batches,
+    streamed_feed,
     tabular,
     to_device,
 )
@@ -57,7 +58,10 @@ def seed_step(seed: int, device: torch.device) -> None:
 
 
 def datasets(ctx: WorkerContext, dcfg: dict):
-    """(train, eval, collate): the user's datasets (data=torch), or the tabular ones."""
+    """(train, eval, collate): the user's datasets (data=torch), or the tabular ones; None
+    for streamed parquet (read a window at a time by the feed)."""
+    if ctx.streamed:
+        return None, None, already_batched
     if dcfg["name"] == "torch":
         return (instantiate(dict(dcfg["train"]), _convert_="all"),
                 instantiate(dict(dcfg["eval"]), _convert_="all"),
@@ -65,7 +69,7 @@ def datasets(ctx: WorkerContext, dcfg: dict):
     return (*tabular(ctx.dataset(), standardize), already_batched)
 
 
-@training_function(config=PyTorchConfig, check=check_parts)
+@training_function(config=PyTorchConfig, check=check_parts, streams=True)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     tcfg, dcfg = cfg["trainer"], cfg["data"]
     task = dcfg.get("task") or "classification"
@@ -91,14 +95,18 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         state.load(path, device)
 
     batch_size = int(tcfg["batch_size"])
-    plan = StepPlan(ctx.batches(len(train_set), batch_size), ctx.world_size,
-                    tcfg.get("micro_batch_size"))
+    batches = ctx.stream(batch_size) if ctx.streamed else ctx.batches(len(train_set), batch_size)
+    plan = StepPlan(batches, ctx.world_size, tcfg.get("micro_batch_size"))
     ctx.total_steps = total_steps(tcfg, plan.batches.steps_per_epoch)
     workers = int(dcfg.get("num_workers") or 0)
-    feed = step_batches(train_set, plan, ctx.start_step, ctx.total_steps, collate, workers, device,
-                        ctx.step_seed(ctx.start_step))
+    if ctx.streamed:
+        feed = streamed_feed(batches, plan, ctx.start_step, ctx.total_steps)
+    else:
+        feed = step_batches(train_set, plan, ctx.start_step, ctx.total_steps, collate, workers,
+                            device, ctx.step_seed(ctx.start_step))
     evaluate = Evaluation(ctx, module, step_fn, eval_set, collate, metric_names(tcfg, task),
-                          precision, tcfg.get("micro_batch_size") or batch_size, workers, device)
+                          precision, tcfg.get("micro_batch_size") or batch_size, workers, device,
+                          batches if ctx.streamed else None)
     scale = ctx.world_size / batch_size
     watch = LossWatch(bool(tcfg.get("allow_nonfinite_loss")), device)
 
@@ -145,22 +153,31 @@ class Evaluation:
     the sums up; every rank gets the result."""
 
     def __init__(self, ctx: WorkerContext, module, step_fn: Step, dataset, collate, names,
-                 precision: Precision, batch_size: int, workers: int, device: torch.device):
+                 precision: Precision, batch_size: int, workers: int, device: torch.device,
+                 streamed=None):
         self.ctx, self.module, self.step_fn, self.dataset = ctx, module, step_fn, dataset
         self.collate, self.names, self.precision = collate, names, precision
         self.batch_size, self.workers, self.device = batch_size, workers, device
+        self.streamed = streamed  # StreamedBatches: held-out rows read from this rank's share
+
+    def batches(self):
+        """(batch, weight) pairs of this rank's held-out rows."""
+        if self.streamed is not None:
+            return ((tuple(map(torch.from_numpy, (x, y))), w)
+                    for x, y, w in self.streamed.eval_batches(self.batch_size))
+        shards = eval_shards(len(self.dataset), self.ctx.rank, self.ctx.world_size, self.batch_size)
+        batches = loader(self.dataset, [s.rows.tolist() for s in shards], self.collate,
+                         self.workers, self.device, self.ctx.seed)
+        return ((batch, shard.weight) for shard, batch in zip(shards, batches, strict=True))
 
     @torch.no_grad()
     def __call__(self) -> dict[str, float]:
         training = self.module.training  # also called between steps (run.eval_every_steps)
         self.module.eval()
-        shards = eval_shards(len(self.dataset), self.ctx.rank, self.ctx.world_size, self.batch_size)
-        batches = loader(self.dataset, [s.rows.tolist() for s in shards], self.collate,
-                         self.workers, self.device, self.ctx.seed)
         sums = MetricSums(self.step_fn.task, self.names, self.device)
-        for shard, batch in zip(shards, batches, strict=True):
+        for batch, weight in self.batches():
             with self.precision.autocast():
-                self.step_fn.measure(self.module, to_device(batch, self.device), sums, shard.weight)
+                self.step_fn.measure(self.module, to_device(batch, self.device), sums, weight)
         self.module.train(training)
         distributed = self.ctx.world_size > 1 and dist.is_initialized()
         return sums.reduce(dist.all_reduce if distributed else None)

@@ -1,0 +1,135 @@
+"""Streamed parquet on real Ray (data.stream=true, trainer=ddp): the bundled digits written as
+parquet files of several row groups, with a row-id column the model logs. The same rows at
+every step at 1, 2 and 4 workers; a rank SIGKILLed mid-epoch resumes and ends bit for bit
+equal to the run that never stopped; each rank reads about half the bytes; a resume over data
+that changed since is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from orchestrator.data.datasets import digits
+from tests.conftest import REPO, finish_run, run_cli, start_run, user_project, wait_for
+from tests.test_pytorch_trainer import model_at
+
+pytestmark = pytest.mark.slow
+BATCH, STEPS, SHARDS = 32, 120, 4
+
+
+def digits_parquet(folder):
+    """1,797 rows in 6 files of 3 row groups; column 'id' first (a feature the model logs)."""
+    x, y = digits()
+    folder.mkdir()
+    for f, rows in enumerate(np.array_split(np.arange(len(y)), 6)):
+        table = pa.table({"id": rows.astype(np.float32),
+                          **{f"p{i}": x[rows, i].astype(np.float32) for i in range(64)},
+                          "label": y[rows]})
+        pq.write_table(table, folder / f"digits-{f}.parquet", row_group_size=100)
+    return folder
+
+
+def job(data, log_dir, storage, workers, cpus) -> list[str]:
+    log_dir.mkdir()
+    return ["trainer=ddp", "data=parquet", f"data.path={data}", "data.stream=true",
+            f"data.shards={SHARDS}", "trainer.model._target_=mypkg.ids.LoggingTabular",
+            "~trainer.model.hidden", f"+trainer.model.log_dir={log_dir}",
+            f"trainer.batch_size={BATCH}", "trainer.epochs=100", f"trainer.max_steps={STEPS}",
+            "checkpoint.every_steps=30", "checkpoint.keep=0", f"storage.uri={storage}",
+            f"cluster.workers={workers}", f"cluster.cpus_per_worker={cpus}"]
+
+
+def rows_per_step(log_dir, record: dict) -> dict[int, list[float]]:
+    """Each step's rows (their logged id feature) over all ranks: one forward a step; a rank's
+    lines come in attempts (a pid each) starting at the steps the record says."""
+    starts = [w["step"] for w in record["world_sizes"]]
+    seen: dict[int, dict[int, list[float]]] = {}
+    for path in sorted(log_dir.glob("rank*.jsonl")):
+        attempts, last = [], None
+        for pid, ids in map(json.loads, path.read_text().splitlines()):
+            if pid != last:
+                attempts.append([])
+                last = pid
+            attempts[-1].append(ids)
+        for start, lines in zip(starts, attempts, strict=False):
+            for i, ids in enumerate(lines):
+                seen.setdefault(start + i, {})[int(path.stem[4:])] = ids
+    return {step: sorted(x for ids in ranks.values() for x in ids) for step, ranks in seen.items()}
+
+
+def test_streamed_rows_are_the_same_at_any_size_and_a_killed_rank_resumes_bit_for_bit(
+        ray_head, tmp_path):
+    project, storage = user_project(tmp_path), tmp_path / "ckpt"
+    data = digits_parquet(tmp_path / "data")
+    head = [f"cluster.address={ray_head.address}"]
+    straight = start_run(tmp_path / "straight", *head, "run.name=straight",
+                         *job(data, tmp_path / "ids-straight", storage, 2, 0.5), cwd=project)
+    # A rank SIGKILLed mid-epoch, after the checkpoint at step 30 (an epoch is ~44 steps),
+    # while the run is held at step 50 by the gate: the restart resumes from step 30.
+    gate = tmp_path / "gate"
+    gate.write_text("hold")
+    killed = start_run(tmp_path / "killed", *head, "run.name=killed",
+                       *job(data, tmp_path / "ids-killed", storage, 2, 0.5),
+                       "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
+                       "+trainer.hold_at=50", cwd=project, env={"PYTHONPATH": str(REPO)})
+    rec = wait_for(lambda r: 30 in [c["step"] for c in r.get("checkpoints", [])]
+                   and len(r.get("workers", [])) == 2, tmp_path / "killed")
+    os.kill(rec["workers"][1]["pid"], signal.SIGKILL)
+    wait_for(lambda r: r.get("restarts") == 1, tmp_path / "killed")
+    gate.unlink()
+    straight, killed = (finish_run(p, tmp_path / name)
+                        for p, name in ((straight, "straight"), (killed, "killed")))
+    assert straight.returncode == 0, straight.output[-4000:]
+    assert killed.returncode == 0, killed.output[-4000:]
+
+    # The same rows at every step at 4 and at 1 worker.
+    four = start_run(tmp_path / "four", *head, "run.name=four",
+                     *job(data, tmp_path / "ids-four", storage, 4, 0.25), cwd=project)
+    one = run_cli(tmp_path / "one", *head, "run.name=one",
+                  *job(data, tmp_path / "ids-one", storage, 1, 0.5), cwd=project)
+    four = finish_run(four, tmp_path / "four")
+    assert four.returncode == 0 and one.returncode == 0, (four.output + one.output)[-4000:]
+
+    reference = rows_per_step(tmp_path / "ids-straight", straight.record)
+    assert sorted(reference) == list(range(STEPS))
+    assert all(len(r) == BATCH and len(set(r)) == BATCH for r in reference.values())
+    data_facts = straight.record["data"]
+    epoch = data_facts["steps_per_epoch"]
+    assert 30 < epoch < STEPS / 2, data_facts  # the kill and the resume were mid-epoch
+    first_epoch = [x for s in range(epoch) for x in reference[s]]
+    assert len(set(first_epoch)) == len(first_epoch)  # no row twice in an epoch
+    for run, name in ((four, "four"), (one, "one")):
+        assert rows_per_step(tmp_path / f"ids-{name}", run.record) == reference, name
+    rec = killed.record
+    assert [(w["size"], w["step"]) for w in rec["world_sizes"]] == [(2, 0), (2, 30)]
+    assert rows_per_step(tmp_path / "ids-killed", rec) == reference
+    a, b = model_at(storage, "killed"), model_at(storage, "straight")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the killed-and-resumed run differs"
+    assert rec["metrics"] == straight.record["metrics"]
+    assert straight.record["metrics"]["test_accuracy"] > 0.9
+
+    # Each of 2 ranks read about half the bytes an epoch takes, 2.7 epochs and the evaluation.
+    assert data_facts["shards"] == SHARDS and data_facts["files"] == 6
+    assert data_facts["row_groups"] == 18 and data_facts["rows"] == 1797
+    epochs = STEPS / epoch
+    for rank, read in data_facts["ranks"].items():
+        assert read["to_step"] == STEPS
+        assert read["bytes_read"] < 1.25 / 2 * data_facts["bytes"] * (epochs + 2), (rank, read)
+
+    # The data changes (a file more): the same run again is refused, nothing touched.
+    extra = data / "digits-6.parquet"
+    extra.write_bytes((data / "digits-0.parquet").read_bytes())
+    before = sorted(p.name for p in (storage / "straight").iterdir())
+    again = run_cli(tmp_path / "again", *head, "run.name=straight",
+                    *job(data, tmp_path / "ids-again", storage, 2, 0.5), cwd=project)
+    assert again.returncode == 2, again.output[-3000:]
+    assert f"error: data.path='{data}' changed since the checkpoint this run resumes from " \
+           f"(1 file added ({extra}))" in again.stderr
+    assert sorted(p.name for p in (storage / "straight").iterdir()) == before
