@@ -97,6 +97,9 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> 
     stream = None
     if cfg.data.name == "parquet":
         check_parquet(cfg.data, storage)
+        if cfg.data.eval_path:
+            check_parquet(DataConfig(name="parquet", path=cfg.data.eval_path, label=cfg.data.label,
+                                     task=cfg.data.task), storage, "data.eval_path")
         position = resumed[0].read_manifest(resumed[1]).get("meta", {}).get("data") if resumed else None
         stream = plan_stream(cfg.data, storage, cfg.seed, None if streams else trainer.get("name"),
                              cfg.cluster.workers, trainer.get("batch_size"),

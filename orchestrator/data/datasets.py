@@ -81,6 +81,13 @@ def load_dataset(cfg: DataConfig, seed: int, storage: StorageSpec | None = None)
         names = tuple(f"f{i}" for i in range(cfg.features))
     elif cfg.name == "parquet":
         x, y, names, task = read_parquet(cfg, storage)
+        if cfg.eval_path:  # every row of data.path trains; data.eval_path's are held out
+            x_test, y_test, test_names, _ = read_parquet(cfg, storage, cfg.eval_path, labels_of=y)
+            if test_names != names:
+                raise ConfigError(f"data.eval_path={cfg.eval_path!r}: its columns differ from "
+                                  f"data.path's ({', '.join(test_names)})")
+            return Dataset(x, y[0], x_test, y_test[0], y[1], tuple(names), task)
+        y = y[0]
     else:
         raise ConfigError("data=torch: your datasets come from data.train/data.eval, not "
                           "ctx.dataset() (which loads digits, synthetic and parquet)")
@@ -128,7 +135,7 @@ def split(x, y, test_fraction: float, seed: int, names, task: str = "classificat
     return Dataset(x[train], y[train], x[test], y[test], classes, tuple(names), task)
 
 
-def _parquet_dataset(cfg: DataConfig, storage: StorageSpec | None):
+def _parquet_dataset(cfg: DataConfig, storage: StorageSpec | None, key: str = "data.path"):
     import pyarrow.dataset as pads
 
     spec = storage.sibling(cfg.path) if storage else StorageSpec(cfg.path)
@@ -137,13 +144,13 @@ def _parquet_dataset(cfg: DataConfig, storage: StorageSpec | None):
         return pads.dataset(path, filesystem=fs, format="parquet")
     except (FileNotFoundError, OSError, pa.ArrowInvalid) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"data.path={cfg.path!r}: no parquet data there ({reason})") from exc
+        raise ConfigError(f"{key}={cfg.path!r}: no parquet data there ({reason})") from exc
 
 
-def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None):
+def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None, key: str = "data.path"):
     """Check the schema only (cheap): the label exists and every feature is numeric.
     Returns the opened dataset, so a reader does not discover the files a second time."""
-    dataset = _parquet_dataset(cfg, storage)
+    dataset = _parquet_dataset(cfg, storage, key)
     schema = dataset.schema
     if cfg.label not in schema.names:
         raise ConfigError(
@@ -154,19 +161,29 @@ def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None):
         numeric = pa.types.is_integer(fld.type) or pa.types.is_floating(fld.type) or pa.types.is_boolean(fld.type)
         if fld.name != cfg.label and not numeric:
             raise ConfigError(
-                f"data.path={cfg.path!r}: feature column {fld.name!r} is {fld.type}, "
+                f"{key}={cfg.path!r}: feature column {fld.name!r} is {fld.type}, "
                 "only numeric feature columns are allowed"
             )
     return dataset
 
 
-def read_parquet(cfg: DataConfig, storage: StorageSpec | None):
-    table = check_parquet(cfg, storage).to_table()
+def read_parquet(cfg: DataConfig, storage: StorageSpec | None, path: str | None = None,
+                 labels_of=None):
+    """(x, (y, classes), feature names, task) of data.path (or ``path``, read like it); class
+    ids number the label values found in data.path (``labels_of``: its (y, classes, values))."""
+    if path is None:
+        table = check_parquet(cfg, storage).to_table()
+    else:
+        table = check_parquet(DataConfig(name="parquet", path=path, label=cfg.label,
+                                         task=cfg.task), storage, "data.eval_path").to_table()
     names = [n for n in table.column_names if n != cfg.label]
     x = np.column_stack([table[n].to_numpy(zero_copy_only=False) for n in names]).astype(np.float32)
     task = parquet_task(cfg, table.schema.field(cfg.label).type)
     labels = table[cfg.label].to_numpy(zero_copy_only=False)
     if task == "regression":
-        return x, labels.astype(np.float32), names, task
-    _, y = np.unique(labels, return_inverse=True)  # any label values -> 0..k-1
-    return x, y.astype(np.int64), names, task
+        return x, (labels.astype(np.float32), 0, None), names, task
+    values = labels_of[2] if labels_of is not None else np.unique(labels)
+    y = np.searchsorted(values, labels)  # any label values -> 0..k-1
+    if labels_of is not None and not np.isin(labels, values).all():
+        raise ConfigError(f"data.eval_path={path!r}: label values that data.path does not have")
+    return x, (y.astype(np.int64), len(values), values), names, task
