@@ -13,6 +13,7 @@ Benchmarks (scripts/benchmarks/*.py; baselines in scripts/baselines/, each runna
   fsdp_memory     peak RSS per worker, FSDP vs DDP, 2 and 4 workers, ~101M-parameter transformer
                   (--fsdp-layers 16: ~202M)
   fsdp_checkpoint a ~1.2 GiB sharded checkpoint to S3: async vs sync blocking, upload rate, memory
+  data_scale      parquet of ~1 and ~8 GiB streamed by 2 workers: peak RSS, bytes read, samples/s
 
 Every comparison runs its sides in the same run, interleaved (A B, then B A, ...), and reports
 ratios of medians: the machine is shared and noisy, absolute times mean little. The load
@@ -39,7 +40,7 @@ from scripts.benchmarks.common import loadavg, progress  # noqa: E402
 from scripts.benchmarks.report import markdown  # noqa: E402
 
 BENCHMARKS = ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory", "lm_throughput",
-              "fsdp_memory", "fsdp_checkpoint")
+              "fsdp_memory", "fsdp_checkpoint", "data_scale")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -75,6 +76,10 @@ def parser() -> argparse.ArgumentParser:
                    help="steps of the ~101M-parameter runs (checkpoints: every N of 4N steps)")
     g.add_argument("--fsdp-layers", type=int, default=8,
                    help="fsdp_memory's blocks of width 1024 (8: ~101M parameters, 16: ~202M)")
+    g.add_argument("--data-gib", default="1,8", help="data_scale's dataset sizes on disk")
+    g.add_argument("--data-dir", default=None, help="where data_scale writes (and reuses) them")
+    g.add_argument("--data-steps", type=int, default=600, help="steps of the samples/s runs")
+    g.add_argument("--data-batch", type=int, default=1024)
     return p
 
 

@@ -31,7 +31,7 @@ class Decoding:
     std: np.ndarray | None
 
     def decode(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        x = np.empty((table.num_rows, len(self.features)), dtype=np.float32)
+        x = np.empty((table.num_rows, len(self.features)), dtype=np.float32)  # rows, features
         for i, name in enumerate(self.features):
             x[:, i] = table[name].to_numpy(zero_copy_only=False)
         if self.mean is not None:  # the neural trainers' scaling
@@ -43,63 +43,44 @@ class Decoding:
         return x, np.searchsorted(np.asarray(self.classes), labels).astype(np.int64)
 
 
-class CountingFile:
-    """A read-only file that counts the bytes read through it (for bytes_read)."""
-
-    def __init__(self, raw, counter: list[int], lock: threading.Lock):
-        self.raw, self.counter, self.lock = raw, counter, lock
-        self.closed = False
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        with self.lock:
-            self.counter[0] += len(data)
-        return data
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.raw.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.raw.tell()
-
-    def size(self) -> int:
-        return self.raw.size()
-
-    def close(self) -> None:
-        self.closed = True
-        self.raw.close()
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-
 class GroupReader:
-    """Row groups of one manifest read through its filesystem, their bytes counted."""
+    """Row groups of one manifest read through its filesystem, their bytes counted: the
+    column chunks a read asks for (their stored sizes), plus each file's footer the first
+    time (pyarrow reads its last 64 KiB for it)."""
+
+    FOOTER_READ = 64 * 1024
 
     def __init__(self, manifest: Manifest, fs, decoding: Decoding):
         self.manifest, self.fs, self.decoding = manifest, fs, decoding
-        self._count, self._lock = [0], threading.Lock()
+        self._count, self._lock = 0, threading.Lock()
         self.columns = [*decoding.features, decoding.label]
         self._footers: dict[int, pq.FileMetaData] = {}
 
     @property
     def bytes_read(self) -> int:
-        return self._count[0]
+        return self._count
 
-    def read(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+    def table(self, g: int) -> pa.Table:
         grp = self.manifest.groups[g]
         path = self.manifest.files[grp.file].path
-        raw = self.fs.open_input_file(path)
-        with pa.PythonFile(CountingFile(raw, self._count, self._lock), mode="r") as handle:
-            # A file's footer is read once (pyarrow reads its last 64 KiB for it): a row
-            # group of a file already seen costs its own bytes only.
-            parquet = pq.ParquetFile(handle, metadata=self._footers.get(grp.file))
-            self._footers[grp.file] = parquet.metadata
+        footer = self._footers.get(grp.file)
+        with self.fs.open_input_file(path) as handle:
+            # A file's footer is read once: a row group of a file already seen costs its own
+            # bytes only.
+            parquet = pq.ParquetFile(handle, metadata=footer)
             table = parquet.read_row_group(grp.index, columns=self.columns)
-        return self.decoding.decode(table)
+        meta = parquet.metadata
+        rg = meta.row_group(grp.index)
+        wanted = set(self.columns)
+        read = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns)
+                   if rg.column(c).path_in_schema in wanted)
+        with self._lock:
+            self._footers[grp.file] = meta
+            self._count += read + (0 if footer else min(self.FOOTER_READ, self.manifest.files[grp.file].size))
+        return table
+
+    def read(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.decoding.decode(self.table(g))
 
 
 class ShardCursor:
@@ -108,6 +89,7 @@ class ShardCursor:
     def __init__(self, order: StreamOrder, reader: GroupReader, shard: int,
                  pool: ThreadPoolExecutor):
         self.order, self.reader, self.shard, self.pool = order, reader, shard, pool
+        self.total: int | None = None  # the step the stream ends before
         self._loaded: dict[tuple[int, int], Future] = {}
 
     def _window_data(self, epoch: int, w: int) -> Future:
@@ -118,14 +100,20 @@ class ShardCursor:
 
     def _read_window(self, epoch: int, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         window = self.order.windows(self.shard, epoch)[w]
-        xs, ys = [], []
-        for g in window.groups:
-            x, y = self.reader.read(g)
-            keep = self.order.train_mask(g)
-            xs.append(x[keep])
-            ys.append(y[keep])
-        x, y = np.concatenate(xs), np.concatenate(ys)
-        return window.ids, x[window.perm], y[window.perm]
+        tables = [self.reader.table(g).filter(pa.array(self.order.train_mask(g)))
+                  for g in window.groups]
+        # Arrow's take shuffles the columns before they become rows: cheaper than a gather
+        # of the row-major array.
+        x, y = self.reader.decoding.decode(pa.concat_tables(tables).take(pa.array(window.perm)))
+        return window.ids, x, y
+
+    def _needed(self, window: tuple[int, int], first_row: int) -> bool:
+        """Whether a window starting at ``first_row`` of its epoch holds rows of a step
+        before ``self.total`` (nothing is read ahead past the run's last step)."""
+        if self.total is None:
+            return True
+        epoch, _, last = self.order.span(self.shard, self.total - 1)
+        return window[0] < epoch or (window[0] == epoch and first_row < last)
 
     def _next_window(self, epoch: int, w: int) -> tuple[int, int]:
         if w + 1 < len(self.order.windows(self.shard, epoch)):
@@ -143,7 +131,9 @@ class ShardCursor:
                 ids, x, y = self._window_data(epoch, w).result()
                 lo, hi = first - start if first > start else 0, min(last, end) - start
                 parts.append((ids[lo:hi], x[lo:hi], y[lo:hi]))
-                self._window_data(*self._next_window(epoch, w))  # prefetch the next window
+                after = self._next_window(epoch, w)
+                if self._needed(after, end if after[0] == epoch else 0):
+                    self._window_data(*after)  # read the next window ahead
             if end >= last:
                 break
             start, w = end, w + 1
@@ -168,6 +158,8 @@ class RankStream:
         return tuple(np.concatenate(col) for col in zip(*taken, strict=True))
 
     def steps(self, start: int, total: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        for cursor in self.cursors:
+            cursor.total = total
         try:
             for s in range(start, total):
                 yield self.step(s)

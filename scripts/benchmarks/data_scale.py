@@ -1,0 +1,134 @@
+"""Data larger than one worker: the PyTorch trainer (trainer=ddp, 2 workers) on parquet
+datasets of ~1 GiB and ~8 GiB on disk (64 float32 features and a label; files of 512Ki rows in
+row groups of 128Ki), streamed (data.stream=true) and held in memory (data.stream=false, the
+whole dataset on every worker: 1 GiB only).
+
+Figures: peak RSS per training worker (VmHWM, the process tree polled) at 8 GiB / at 1 GiB
+streamed (goal <= 1.15) and at 8 GiB (goal < 1.5 GiB), against the in-memory run at 1 GiB;
+bytes read per rank in one epoch at 1 GiB / (total / world) (goal <= 1.25); steady samples/s
+streamed / in memory on the same data and steps (goal >= 0.95); and a rank's read of its
+share through the orchestrator's reader / a bare pyarrow read of the same row groups (goal
+>= 0.8). The datasets are written once into the work folder and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from scripts.benchmarks.common import Goal, figure, orchestrator_cmd, progress, ratio, read_json
+from scripts.benchmarks.memory import run_watched
+
+FEATURES, FILE_ROWS, GROUP_ROWS = 64, 512 * 1024, 128 * 1024
+BYTES_PER_ROW = (FEATURES + 2) * 4  # float32 noise barely compresses: ~264 bytes a row on disk
+
+
+def write_dataset(folder: Path, gib: float) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    done = folder / "_done"
+    if done.exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = int(gib * 2**30 / BYTES_PER_ROW)
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=FEATURES).astype(np.float32)
+    for f, start in enumerate(range(0, rows, FILE_ROWS)):
+        n = min(FILE_ROWS, rows - start)
+        x = rng.normal(size=(n, FEATURES)).astype(np.float32)
+        label = (x @ w + rng.normal(scale=2.0, size=n) > 0).astype(np.int64)
+        table = pa.table({**{f"f{i}": x[:, i] for i in range(FEATURES)}, "label": label})
+        pq.write_table(table, folder / f"part-{f:04d}.parquet", row_group_size=GROUP_ROWS,
+                       compression="snappy", use_dictionary=False)
+    done.write_text(str(rows))
+    return folder
+
+
+def train(work: Path, name: str, data: Path, stream: bool, steps: int, batch: int) -> dict:
+    run_dir = work / name
+    cmd = orchestrator_cmd(run_dir, "trainer=ddp", "data=parquet", f"data.path={data}",
+                           f"data.stream={'true' if stream else 'false'}", "cluster.workers=2",
+                           f"trainer.batch_size={batch}", f"trainer.max_steps={steps}",
+                           "trainer.epochs=100", "checkpoint.every_steps=null",
+                           "log.progress=lines", "log.metrics=false", "resume=never")
+    progress(f"data_scale: {name}")
+    timed, peaks = run_watched(cmd, work / f"{name}.log", timeout=3600)
+    record = read_json(run_dir / "run.json")
+    return {"wall_s": round(timed.wall_s, 1),
+            "worker_peak_mib": peaks["train_workers_mib"][:2],
+            "steady_samples_per_s": record.get("steady_samples_per_s"),
+            "data": record.get("data"), "metrics": record.get("metrics")}
+
+
+def read_rates(data: Path) -> dict:
+    """Rank 0 of 2's share of one epoch: the orchestrator's reader vs bare pyarrow."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from orchestrator.config.schema import DataConfig
+    from orchestrator.data.streaming import plan_stream
+    from orchestrator.storage import StorageSpec
+
+    cfg = DataConfig(name="parquet", path=str(data), stream="true")
+    plan = plan_stream(cfg, StorageSpec(str(data)), 0, None, 2, 1024, "classification", None)
+    order = plan.order(1024)
+    groups = [g for v in order.shards_of(0, 2) for g in order.dealt[v]]
+    fs = pafs.LocalFileSystem()
+    columns = list(plan.manifest.columns)
+    started = time.perf_counter()
+    for g in groups:
+        grp = plan.manifest.groups[g]
+        with fs.open_input_file(plan.manifest.files[grp.file].path) as handle:
+            pq.ParquetFile(handle).read_row_group(grp.index, columns=columns)
+    bare_s = time.perf_counter() - started
+    stream = plan.rank_stream(order, 0, 2)
+    started = time.perf_counter()
+    rows = sum(len(ids) for ids, _, _ in stream.steps(0, order.steps_per_epoch))
+    ours_s = time.perf_counter() - started
+    return {"rows": rows, "bare_pyarrow_s": round(bare_s, 2), "orchestrator_s": round(ours_s, 2),
+            "ratio": ratio(bare_s, ours_s)}
+
+
+def run(args: argparse.Namespace, work: Path) -> dict:
+    sizes = [float(s) for s in args.data_gib.split(",")]
+    small, large = sizes[0], sizes[-1]
+    datasets = {gib: write_dataset(Path(args.data_dir or work) / f"data-{gib:g}gib", gib)
+                for gib in sizes}
+    steps, batch = args.data_steps, args.data_batch
+    runs = {"memory_small": train(work, "memory_small", datasets[small], False, steps, batch),
+            "stream_small": train(work, "stream_small", datasets[small], True, steps, batch)}
+    if large != small:
+        runs["stream_large"] = train(work, "stream_large", datasets[large], True, steps, batch)
+    # One epoch at the small size, for the bytes each rank reads in it.
+    rows = int((datasets[small] / "_done").read_text())
+    epoch = int(rows * 0.8 / batch) - 2
+    runs["stream_small_epoch"] = train(work, "stream_small_epoch", datasets[small], True, epoch, batch)
+    reads = read_rates(datasets[small])
+
+    def peak(name):
+        return max(runs[name]["worker_peak_mib"]) if name in runs else None
+
+    epoch_data = runs["stream_small_epoch"]["data"] or {}
+    per_rank = [r["bytes_read"] for r in epoch_data.get("ranks", {}).values()]
+    share = epoch_data.get("bytes", 0) / 2
+    return {
+        "sizes_gib": sizes, "steps": steps, "batch": batch, "runs": runs, "read_rates": reads,
+        "figures": {
+            "peak_rss_large_over_small": figure(ratio(peak("stream_large"), peak("stream_small")),
+                                                Goal("<=", 1.15)),
+            "peak_rss_large_gib": figure(round(peak("stream_large") / 1024, 3)
+                                         if peak("stream_large") else None, Goal("<=", 1.5)),
+            "peak_rss_streamed_over_in_memory_small": figure(
+                ratio(peak("stream_small"), peak("memory_small"))),
+            "bytes_read_per_rank_epoch_over_share": figure(
+                ratio(max(per_rank), share) if per_rank and share else None, Goal("<=", 1.25)),
+            "samples_per_s_streamed_over_in_memory": figure(
+                ratio(runs["stream_small"]["steady_samples_per_s"],
+                      runs["memory_small"]["steady_samples_per_s"]), Goal(">=", 0.95)),
+            "read_rate_over_bare_pyarrow": figure(reads["ratio"], Goal(">=", 0.8)),
+        },
+    }
