@@ -318,6 +318,15 @@ class WorkerContext:
         self._check_data_position(order.num_rows, global_batch)
         return self._batches
 
+    def share(self):
+        """Streamed parquet without a batch order (boosting): this rank's row groups, read
+        one at a time (``train_chunks()``, ``test_chunks()``); a resize re-deals them."""
+        if self._spec.stream is None:
+            raise RuntimeError("ctx.share(): this run's data is not streamed (ctx.streamed)")
+        from orchestrator.data.streaming import DataShare
+
+        return DataShare(self._spec.stream, self.rank, self.world_size)
+
     def step_seed(self, step: int) -> int:
         """A seed for step ``step``'s randomness on this rank (dropout, augmentation): a
         resumed run replays it exactly."""

@@ -78,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
                    help="fsdp_memory's blocks of width 1024 (8: ~101M parameters, 16: ~202M)")
     g.add_argument("--data-gib", default="1,8", help="data_scale's dataset sizes on disk")
     g.add_argument("--data-dir", default=None, help="where data_scale writes (and reuses) them")
-    g.add_argument("--data-steps", type=int, default=600, help="steps of the samples/s runs")
+    g.add_argument("--data-steps", type=int, default=3000,
+                   help="steps of the runs compared for samples/s (--repeats pairs)")
     g.add_argument("--data-batch", type=int, default=1024)
     return p
 

@@ -176,22 +176,26 @@ def test_mwms_with_a_users_keras_model_survives_a_killed_worker_exactly(
     assert_no_secret(s3_server, [straight])
 
 
-def write_digits_parquet(path, label="digit") -> None:
+def write_digits_parquet(path, label="digit", row_group_size=None) -> None:
     x = np.concatenate([DIGITS.x_train, DIGITS.x_test])
     y = np.concatenate([DIGITS.y_train, DIGITS.y_test])
     columns = {f"px{i}": x[:, i] for i in range(x.shape[1])}
-    pq.write_table(pa.table({**columns, label: y}), path)
+    pq.write_table(pa.table({**columns, label: y}), path, row_group_size=row_group_size)
 
 
 def test_xgboost_on_parquet(ray_head, tmp_path):
-    """Paths relative to the user's folder (the README's data.path=train.parquet): the workers
-    run elsewhere, so the driver passes them on absolute."""
-    write_digits_parquet(tmp_path / "digits.parquet")
+    """Streamed (data.stream=true): each worker sketches its own row groups into a
+    QuantileDMatrix in pages on its local disk (trainer.external_memory), and the held-out
+    metrics are sums over the workers' own test rows. Paths relative to the user's folder
+    (the README's data.path=train.parquet): the workers run elsewhere, so the driver passes
+    them on absolute."""
+    (tmp_path / "digits").mkdir()
+    write_digits_parquet(tmp_path / "digits" / "part-0.parquet", row_group_size=200)
     result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}", "storage.uri=ckpt",
-                     "trainer=xgboost", "data=parquet", "data.path=digits.parquet",
-                     "data.label=digit", cwd=tmp_path)
+                     "trainer=xgboost", "data=parquet", "data.path=digits", "data.stream=true",
+                     "trainer.external_memory=true", "data.label=digit", cwd=tmp_path)
     rec = assert_succeeded(result, "xgboost")
-    assert rec["config"]["data"]["path"] == str(tmp_path / "digits.parquet")
+    assert rec["config"]["data"]["path"] == str(tmp_path / "digits")
     assert rec["checkpoint_uri"].startswith(str(tmp_path / "ckpt"))
     assert rec["config"]["data"]["task"] == "classification"  # integer labels: inferred
     assert rec["config"]["data"]["outputs"] == 10 and rec["config"]["data"]["features"] == 64

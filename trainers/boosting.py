@@ -45,6 +45,41 @@ def classification_metrics(proba: np.ndarray, y: np.ndarray, num_classes: int) -
     return metrics
 
 
+AUC_BINS = 4096
+
+
+def metric_sums(prediction: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
+    """The sums test_metrics needs, for this rank's held-out rows (added over the ranks,
+    then made metrics by metrics_from_sums): a share's metrics without gathering its rows."""
+    if num_classes == 0:
+        error = np.asarray(prediction, dtype=np.float64).reshape(-1) - y
+        return np.array([len(y), (error ** 2).sum(), y.sum(), (y.astype(np.float64) ** 2).sum()])
+    proba = prediction if prediction.ndim == 2 else np.column_stack([1 - prediction, prediction])
+    true = np.clip(proba[np.arange(len(y)), y], 1e-7, 1.0)
+    sums = [len(y), float((proba.argmax(1) == y).sum()), float(-np.log(true).sum())]
+    if num_classes == 2:  # AUC from score histograms (exact to 1/AUC_BINS of a score)
+        bins = np.minimum((proba[:, 1] * AUC_BINS).astype(np.int64), AUC_BINS - 1)
+        sums += [*np.bincount(bins[y == 1], minlength=AUC_BINS),
+                 *np.bincount(bins[y == 0], minlength=AUC_BINS)]
+    return np.asarray(sums, dtype=np.float64)
+
+
+def metrics_from_sums(sums: np.ndarray, num_classes: int) -> dict[str, float]:
+    n = sums[0]
+    if num_classes == 0:
+        total = sums[3] - sums[2] ** 2 / n
+        return {"test_rmse": float(np.sqrt(sums[1] / n)),
+                "test_r2": 1.0 - float(sums[1] / total) if total > 0 else 0.0}
+    metrics = {"test_accuracy": float(sums[1] / n), "test_logloss": float(sums[2] / n)}
+    if num_classes == 2:
+        pos, neg = sums[3:3 + AUC_BINS], sums[3 + AUC_BINS:]
+        below = np.cumsum(neg) - neg  # negatives scored in lower bins
+        pairs = pos.sum() * neg.sum()
+        metrics["test_auc"] = float(((pos * below).sum() + 0.5 * (pos * neg).sum()) / pairs) \
+            if pairs else 0.5
+    return metrics
+
+
 def after_round(ctx, rounds: int, metrics: dict, samples: int, evaluate: Callable[[], dict],
                 write: Callable[[Path], None]) -> bool:
     """The worker API after a boosting round (every rank ends each round with the same

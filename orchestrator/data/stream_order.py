@@ -17,7 +17,7 @@ order): with row groups of similar size that is under one row group per shard.
 
 from __future__ import annotations
 
-import math
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -29,9 +29,11 @@ from orchestrator.data.row_split import held_out
 
 @dataclass(frozen=True)
 class Window:
+    shard: int
+    epoch: int
+    index: int
     groups: tuple[int, ...]  # manifest row-group indices, in reading order
-    perm: np.ndarray  # the window's train rows (concatenated in group order) -> stream order
-    ids: np.ndarray  # the global row ids in stream order
+    rows: int  # their training rows
 
 
 def deal(train_rows: list[int], shards: int) -> list[list[int]]:
@@ -59,6 +61,8 @@ class StreamOrder:
         self.steps_per_epoch = max(0, min(r // b for r, b in zip(self.shard_rows, self.per_step,
                                                                  strict=True)))
         self._windows: dict[tuple[int, int], list[Window]] = {}
+        self._rows: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()
 
     # -- the rows ---------------------------------------------------------------------------
     def group_ids(self, g: int) -> np.ndarray:
@@ -83,23 +87,39 @@ class StreamOrder:
         return step // self.steps_per_epoch
 
     def windows(self, shard: int, epoch: int) -> list[Window]:
+        """A shard's windows in an epoch: which row groups, how many rows (no ids: those
+        are made for the windows in use, so the order's memory does not grow with the data)."""
         key = (shard, epoch)
-        if key not in self._windows:
-            if len(self._windows) >= 2 * self.shards:  # steps go forward: older epochs are done
-                self._windows.pop(next(iter(self._windows)))
-            self._windows[key] = self._plan(shard, epoch)
-        return self._windows[key]
+        with self._lock:  # the read-ahead threads ask too
+            if key not in self._windows:
+                self._windows[key] = self._plan(shard, epoch)
+                if len(self._windows) > 2 * self.shards:  # steps go forward: older epochs are done
+                    self._windows.pop(next(iter(self._windows)))
+            return self._windows[key]
 
     def _plan(self, shard: int, epoch: int) -> list[Window]:
         groups = self.dealt[shard]
-        order = [groups[i] for i in np.random.default_rng([self.seed, epoch, shard]).permutation(len(groups))]
-        planned = []
-        for w in range(math.ceil(len(order) / self.window)):
-            part = tuple(order[w * self.window:(w + 1) * self.window])
-            ids = np.concatenate([self.train_ids(g) for g in part])
-            perm = np.random.default_rng([self.seed, epoch, shard, w, 1]).permutation(len(ids))
-            planned.append(Window(part, perm, ids[perm]))
-        return planned
+        rng = np.random.default_rng([self.seed, epoch, shard])
+        order = [groups[i] for i in rng.permutation(len(groups))]
+        parts = [tuple(order[i:i + self.window]) for i in range(0, len(order), self.window)]
+        return [Window(shard, epoch, w, part, sum(self.train_rows[g] for g in part))
+                for w, part in enumerate(parts)]
+
+    def rows_of(self, window: Window) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, perm): the window's global row ids in stream order, and the permutation that
+        takes its training rows (concatenated in group order) into that order."""
+        key = (window.shard, window.epoch, window.index)
+        with self._lock:
+            if key in self._rows:
+                return self._rows[key]
+        ids = np.concatenate([self.train_ids(g) for g in window.groups])
+        rng = np.random.default_rng([self.seed, window.epoch, window.shard, window.index, 1])
+        perm = rng.permutation(len(ids))
+        with self._lock:
+            self._rows[key] = (ids[perm], perm)
+            if len(self._rows) > 3 * self.shards:  # a shard's current, next and last windows
+                self._rows.pop(next(iter(self._rows)))
+        return ids[perm], perm
 
     def span(self, shard: int, step: int) -> tuple[int, int, int]:
         """(epoch, first, last): shard's rows first..last-1 of its epoch stream at ``step``."""
@@ -112,9 +132,10 @@ class StreamOrder:
         epoch, first, last = self.span(shard, step)
         parts, start = [], 0
         for window in self.windows(shard, epoch):
-            end = start + len(window.ids)
+            end = start + window.rows
             if end > first and start < last:
-                parts.append(window.ids[max(first - start, 0):min(last, end) - start])
+                ids, _ = self.rows_of(window)
+                parts.append(ids[max(first - start, 0):min(last, end) - start])
             if end >= last:
                 break
             start = end

@@ -100,12 +100,13 @@ class ShardCursor:
 
     def _read_window(self, epoch: int, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         window = self.order.windows(self.shard, epoch)[w]
+        ids, perm = self.order.rows_of(window)
         tables = [self.reader.table(g).filter(pa.array(self.order.train_mask(g)))
                   for g in window.groups]
         # Arrow's take shuffles the columns before they become rows: cheaper than a gather
         # of the row-major array.
-        x, y = self.reader.decoding.decode(pa.concat_tables(tables).take(pa.array(window.perm)))
-        return window.ids, x, y
+        x, y = self.reader.decoding.decode(pa.concat_tables(tables).take(pa.array(perm)))
+        return ids, x, y
 
     def _needed(self, window: tuple[int, int], first_row: int) -> bool:
         """Whether a window starting at ``first_row`` of its epoch holds rows of a step
@@ -126,7 +127,7 @@ class ShardCursor:
         parts, start, w = [], 0, 0
         windows = self.order.windows(self.shard, epoch)
         while w < len(windows):
-            end = start + len(windows[w].ids)
+            end = start + windows[w].rows
             if end > first:
                 ids, x, y = self._window_data(epoch, w).result()
                 lo, hi = first - start if first > start else 0, min(last, end) - start

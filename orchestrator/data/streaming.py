@@ -69,6 +69,45 @@ class StreamPlan:
         return EvalShare(reader, groups, masks, batch_size, count)
 
 
+class DataShare:
+    """A rank's rows of streamed parquet without a batch order (boosting): its virtual
+    shards' row groups, read one at a time, features unscaled."""
+
+    def __init__(self, plan: StreamPlan, rank: int, world_size: int):
+        from dataclasses import replace
+
+        self.plan, self.rank, self.world = plan, rank, world_size
+        self.order = plan.order(plan.shards)  # the deal of row groups: no batch involved
+        self.groups = sorted(g for v in self.order.shards_of(rank, world_size)
+                             for g in self.order.dealt[v])
+        self.decoding = replace(plan.decoding, mean=None, std=None)
+        fs, _ = plan.data.filesystem()
+        self.reader = GroupReader(plan.manifest, fs, self.decoding)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.decoding.classes) if self.decoding.classes is not None else 0
+
+    @property
+    def rows(self) -> int:
+        return sum(self.order.train_rows[g] for g in self.groups)
+
+    def train_chunks(self):
+        """(x, y) of each of this rank's row groups' training rows."""
+        for g in self.groups:
+            x, y = self.reader.read(g)
+            keep = self.order.train_mask(g)
+            yield x[keep], y[keep]
+
+    def test_chunks(self, rows: int = 65536):
+        """(x, y) of this rank's held-out rows, in chunks of up to ``rows``."""
+        share = self.plan.eval_share(self.order, self.rank, self.world, rows)
+        share.reader = GroupReader(share.reader.manifest, share.reader.fs, self.decoding)
+        for x, y, weight in share:
+            if weight:
+                yield x, y
+
+
 def stream_wanted(cfg: DataConfig, manifest: Manifest) -> bool:
     if cfg.stream == "auto":
         return manifest.memory > cfg.stream_above_mb * 2**20
@@ -91,7 +130,7 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
     if trainer is not None:
         if cfg.stream == "true":
             raise ConfigError(f"data.stream=true: trainer={trainer} reads its data whole; "
-                              "streamed data is for trainer=ddp and trainer=fsdp")
+                              "streamed data is for trainer=ddp, fsdp and xgboost")
         return None
     eval_data = eval_manifest = None
     if cfg.eval_path:

@@ -24,6 +24,9 @@ class XGBoostConfig(TrainerConfig):
     tree_method: str = "hist"
     max_bin: int = 256
     params: dict[str, Any] = field(default_factory=dict)  # any other XGBoost parameter
+    # Streamed data (data.stream): the quantised share in pages on the worker's local disk
+    # (ExtMemQuantileDMatrix), for a share larger than memory.
+    external_memory: bool = False
 
     def __post_init__(self) -> None:
         require(self.num_boost_round >= 1, "trainer.num_boost_round", self.num_boost_round,

@@ -8,6 +8,7 @@ A resume continues boosting from the saved booster (round r), not from zero.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,8 @@ from orchestrator.worker_api import WorkerContext, training_function
 from trainers.boosting import (
     after_round,
     first_line,
+    metric_sums,
+    metrics_from_sums,
     native_stderr_silenced,
     test_metrics,
     worker_rows,
@@ -72,23 +75,77 @@ class _EachRound(xgb.callback.TrainingCallback):
                            lambda folder: model.save_model(str(folder / "model.ubj")))
 
 
-@training_function(config=XGBoostConfig, check=check_config, step_unit="round")
-def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
-    tcfg, data = cfg["trainer"], ctx.dataset()
+class ShareChunks(xgb.DataIter):
+    """This rank's row groups, one at a time, for a QuantileDMatrix: the share is sketched
+    and quantised chunk by chunk, never held whole as floats."""
+
+    def __init__(self, share, cache: str | None = None):
+        self.share, self._chunks = share, None
+        super().__init__(cache_prefix=cache)
+
+    def next(self, input_data) -> bool:
+        if self._chunks is None:
+            self._chunks = self.share.train_chunks()
+        chunk = next(self._chunks, None)
+        if chunk is None:
+            return False
+        input_data(data=chunk[0], label=chunk[1])
+        return True
+
+    def reset(self) -> None:
+        self._chunks = None
+
+
+def streamed_data(share, tcfg: Mapping[str, Any], params: dict):
+    """(train matrix, its rows, evaluate): this rank's share of streamed parquet (ctx.share());
+    held-out metrics are sums over the ranks' own test rows (xgboost's all-reduce)."""
+    if tcfg.get("external_memory"):  # the quantised pages live in the worker's local disk
+        folder = tempfile.mkdtemp(prefix="xgb-extmem-")
+        matrix = xgb.ExtMemQuantileDMatrix(ShareChunks(share, os.path.join(folder, "cache")),
+                                           max_bin=params["max_bin"])
+    else:
+        matrix = xgb.QuantileDMatrix(ShareChunks(share), max_bin=params["max_bin"])
+
+    def evaluate(model: xgb.Booster) -> dict[str, float]:
+        sums = sum((metric_sums(model.predict(xgb.DMatrix(x)), y, share.num_classes)
+                    for x, y in share.test_chunks()), start=np.zeros(1))
+        sums = np.asarray(sums, dtype=np.float64)
+        if xgb.collective.is_distributed():
+            sums = xgb.collective.allreduce(sums, xgb.collective.Op.SUM)
+        return metrics_from_sums(sums, share.num_classes)
+
+    return matrix, share.rows, evaluate
+
+
+def in_memory_data(ctx: WorkerContext):
+    data = ctx.dataset()
     rows = worker_rows(len(data.y_train), ctx.rank, ctx.world_size)
-    threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
-    params = booster_params(tcfg, data.num_classes, ctx.seed) | {"nthread": threads}
-    dtrain = xgb.DMatrix(data.x_train[rows], label=data.y_train[rows])
-    booster = None
-    if (path := ctx.restore()) is not None:
-        booster = xgb.Booster(params=params, model_file=str(path / "model.ubj"))
-    ctx.total_steps = int(tcfg["num_boost_round"])
 
     def evaluate(model: xgb.Booster) -> dict[str, float]:
         return test_metrics(model.predict(xgb.DMatrix(data.x_test)), data.y_test, data.num_classes)
 
+    return (xgb.DMatrix(data.x_train[rows], label=data.y_train[rows]), len(data.y_train),
+            data.num_classes, evaluate)
+
+
+@training_function(config=XGBoostConfig, check=check_config, step_unit="round", streams=True)
+def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
+    tcfg = cfg["trainer"]
+    threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if ctx.streamed:
+        share = ctx.share()
+        classes = share.num_classes
+        params = booster_params(tcfg, classes, ctx.seed) | {"nthread": threads}
+        dtrain, samples, evaluate = streamed_data(share, tcfg, params)
+    else:
+        dtrain, samples, classes, evaluate = in_memory_data(ctx)
+        params = booster_params(tcfg, classes, ctx.seed) | {"nthread": threads}
+    booster = None
+    if (path := ctx.restore()) is not None:
+        booster = xgb.Booster(params=params, model_file=str(path / "model.ubj"))
+    ctx.total_steps = int(tcfg["num_boost_round"])
     if ctx.start_step < ctx.total_steps:
         booster = xgb.train(params, dtrain, num_boost_round=ctx.total_steps - ctx.start_step,
                             evals=[(dtrain, "train")], verbose_eval=False, xgb_model=booster,
-                            callbacks=[_EachRound(ctx, len(data.y_train), evaluate)])
+                            callbacks=[_EachRound(ctx, samples, evaluate)])
     return None if ctx.should_preempt() else evaluate(booster)
