@@ -69,33 +69,28 @@ def test_streamed_rows_are_the_same_at_any_size_and_a_killed_rank_resumes_bit_fo
     project, storage = user_project(tmp_path), tmp_path / "ckpt"
     data = digits_parquet(tmp_path / "data")
     head = [f"cluster.address={ray_head.address}"]
-    straight = start_run(tmp_path / "straight", *head, "run.name=straight",
-                         *job(data, tmp_path / "ids-straight", storage, 2, 0.5), cwd=project)
+    # Four runs side by side on the head's 2 CPUs: 2 workers uninterrupted, 2 killed, 4 and 1.
+    runs = {name: start_run(tmp_path / name, *head, f"run.name={name}",
+                            *job(data, tmp_path / f"ids-{name}", storage, workers, cpus),
+                            cwd=project)
+            for name, workers, cpus in (("straight", 2, 0.5), ("four", 4, 0.2), ("one", 1, 0.2))}
     # A rank SIGKILLed mid-epoch, after the checkpoint at step 30 (an epoch is ~44 steps),
     # while the run is held at step 50 by the gate: the restart resumes from step 30.
     gate = tmp_path / "gate"
     gate.write_text("hold")
-    killed = start_run(tmp_path / "killed", *head, "run.name=killed",
-                       *job(data, tmp_path / "ids-killed", storage, 2, 0.5),
-                       "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
-                       "+trainer.hold_at=50", cwd=project, env={"PYTHONPATH": str(REPO)})
+    runs["killed"] = start_run(tmp_path / "killed", *head, "run.name=killed",
+                               *job(data, tmp_path / "ids-killed", storage, 2, 0.5),
+                               "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
+                               "+trainer.hold_at=50", cwd=project, env={"PYTHONPATH": str(REPO)})
     rec = wait_for(lambda r: 30 in [c["step"] for c in r.get("checkpoints", [])]
                    and len(r.get("workers", [])) == 2, tmp_path / "killed")
     os.kill(rec["workers"][1]["pid"], signal.SIGKILL)
     wait_for(lambda r: r.get("restarts") == 1, tmp_path / "killed")
     gate.unlink()
-    straight, killed = (finish_run(p, tmp_path / name)
-                        for p, name in ((straight, "straight"), (killed, "killed")))
-    assert straight.returncode == 0, straight.output[-4000:]
-    assert killed.returncode == 0, killed.output[-4000:]
-
-    # The same rows at every step at 4 and at 1 worker.
-    four = start_run(tmp_path / "four", *head, "run.name=four",
-                     *job(data, tmp_path / "ids-four", storage, 4, 0.25), cwd=project)
-    one = run_cli(tmp_path / "one", *head, "run.name=one",
-                  *job(data, tmp_path / "ids-one", storage, 1, 0.5), cwd=project)
-    four = finish_run(four, tmp_path / "four")
-    assert four.returncode == 0 and one.returncode == 0, (four.output + one.output)[-4000:]
+    done = {name: finish_run(proc, tmp_path / name) for name, proc in runs.items()}
+    for name, run in done.items():
+        assert run.returncode == 0, (name, run.output[-4000:])
+    straight, killed, four, one = (done[n] for n in ("straight", "killed", "four", "one"))
 
     reference = rows_per_step(tmp_path / "ids-straight", straight.record)
     assert sorted(reference) == list(range(STEPS))
