@@ -46,15 +46,17 @@ class StreamPlan:
         fs, _ = self.data.filesystem()
         return RankStream(order, GroupReader(self.manifest, fs, self.decoding), rank, world_size)
 
-    def eval_share(self, order: StreamOrder, rank: int, world_size: int,
-                   batch_size: int) -> EvalShare:
-        """This rank's held-out rows; every rank gets the same number of batches."""
+    def eval_share(self, order: StreamOrder, rank: int, world_size: int, batch_size: int,
+                   decoding: Decoding | None = None) -> EvalShare:
+        """This rank's held-out rows; every rank gets the same number of batches.
+        ``decoding``: another than the plan's (boosting's, unscaled)."""
+        decoding = decoding or self.decoding
         if self.eval_manifest is None:
             per_rank = [[g for v in order.shards_of(r, world_size) for g in order.dealt[v]]
                         for r in range(world_size)]
             rows = [sum(order.test_rows[g] for g in gs) for gs in per_rank]
             fs, _ = self.data.filesystem()
-            reader = GroupReader(self.manifest, fs, self.decoding)
+            reader = GroupReader(self.manifest, fs, decoding)
             groups = sorted(per_rank[rank])
             masks = lambda g: ~order.train_mask(g)  # noqa: E731
         else:
@@ -62,7 +64,7 @@ class StreamPlan:
             per_rank = [list(range(r, n, world_size)) for r in range(world_size)]
             rows = [sum(self.eval_manifest.groups[g].rows for g in gs) for gs in per_rank]
             fs, _ = self.eval_data.filesystem()
-            reader = GroupReader(self.eval_manifest, fs, self.decoding)
+            reader = GroupReader(self.eval_manifest, fs, decoding)
             groups = per_rank[rank]
             masks = lambda g: slice(None)  # noqa: E731
         count = max(-(-r // batch_size) for r in rows)
@@ -101,9 +103,8 @@ class DataShare:
 
     def test_chunks(self, rows: int = 65536):
         """(x, y) of this rank's held-out rows, in chunks of up to ``rows``."""
-        share = self.plan.eval_share(self.order, self.rank, self.world, rows)
-        share.reader = GroupReader(share.reader.manifest, share.reader.fs, self.decoding)
-        for x, y, weight in share:
+        for x, y, weight in self.plan.eval_share(self.order, self.rank, self.world, rows,
+                                                 self.decoding):
             if weight:
                 yield x, y
 
