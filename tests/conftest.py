@@ -172,6 +172,33 @@ def user_project(tmp_path: Path) -> Path:
     return target
 
 
+def cpus_in_use(head: RayHead) -> float | None:
+    """The head's CPUs held by anything (its dashboard's view, refreshed every few seconds);
+    None when it cannot say."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{head.dashboard}/api/cluster_status")
+    token = Path.home() / ".ray" / "auth_token"
+    if token.exists():
+        request.add_header("Authorization", f"Bearer {token.read_text().strip()}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            status = json.loads(response.read())
+        return status["data"]["clusterStatus"]["loadMetricsReport"]["usage"]["CPU"][0]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def cpus_come_free(head: RayHead, wait_s: float = 60) -> bool:
+    """Whether what the tests before left on the head (a worker that outlived its run holds
+    its CPUs) lets go of every CPU: the next test must not wait on it (seen: a run that asked
+    for both CPUs waited 300 s for one a killed MWMS job never gave back)."""
+    deadline = time.monotonic() + wait_s
+    while (used := cpus_in_use(head)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return not used
+
+
 class SharedHead:
     """The session's Ray head, replaced before its next use when a test that used it failed
     or it no longer answers: one failure must not fail the tests after it (a broken head
@@ -184,7 +211,8 @@ class SharedHead:
 
     def healthy(self) -> RayHead:
         if self.head is not None and (self.suspect or self.head.process.poll() is not None
-                                      or not answers(self.head.address)):
+                                      or not answers(self.head.address)
+                                      or not cpus_come_free(self.head)):
             stop_cluster(self.head)
             self.head = None
         if self.head is None:
