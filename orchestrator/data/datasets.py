@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from orchestrator.config.schema import DataConfig
+from orchestrator.data.manifest import check_numeric
 from orchestrator.errors import ConfigError
 from orchestrator.storage import StorageSpec
 
@@ -157,13 +158,7 @@ def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None, key: str 
             f"data.label={cfg.label!r} is not a column of {cfg.path}: columns are "
             + ", ".join(schema.names)
         )
-    for fld in schema:
-        numeric = pa.types.is_integer(fld.type) or pa.types.is_floating(fld.type) or pa.types.is_boolean(fld.type)
-        if fld.name != cfg.label and not numeric:
-            raise ConfigError(
-                f"{key}={cfg.path!r}: feature column {fld.name!r} is {fld.type}, "
-                "only numeric feature columns are allowed"
-            )
+    check_numeric(schema, cfg.label, key, cfg.path)
     return dataset
 
 
