@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from orchestrator.checkpoint.store import CheckpointStore, open_source
 from orchestrator.config.schema import Config, DataConfig
-from orchestrator.data.datasets import check_parquet, data_facts
+from orchestrator.data.datasets import check_parquet, data_facts, eval_config
 from orchestrator.data.nonfinite import check_finite
 from orchestrator.data.streaming import StreamPlan, plan_stream
 from orchestrator.errors import ConfigError
@@ -98,8 +98,7 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> 
     if cfg.data.name == "parquet":
         check_parquet(cfg.data, storage)
         if cfg.data.eval_path:
-            check_parquet(DataConfig(name="parquet", path=cfg.data.eval_path, label=cfg.data.label,
-                                     task=cfg.data.task), storage, "data.eval_path")
+            check_parquet(eval_config(cfg.data), storage, "data.eval_path")
         position = resumed[0].read_manifest(resumed[1]).get("meta", {}).get("data") if resumed else None
         stream = plan_stream(cfg.data, storage, cfg.seed, None if streams else trainer.get("name"),
                              cfg.cluster.workers, trainer.get("batch_size"),

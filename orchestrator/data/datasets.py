@@ -81,14 +81,15 @@ def load_dataset(cfg: DataConfig, seed: int, storage: StorageSpec | None = None)
         x, y = synthetic(cfg.rows, cfg.features, cfg.classes, seed, task)
         names = tuple(f"f{i}" for i in range(cfg.features))
     elif cfg.name == "parquet":
-        x, y, names, task = read_parquet(cfg, storage)
+        x, y, names, task, values = read_parquet(cfg, storage)
         if cfg.eval_path:  # every row of data.path trains; data.eval_path's are held out
-            x_test, y_test, test_names, _ = read_parquet(cfg, storage, cfg.eval_path, labels_of=y)
+            x_test, y_test, test_names, _, _ = read_parquet(eval_config(cfg), storage,
+                                                              "data.eval_path", values)
             if test_names != names:
                 raise ConfigError(f"data.eval_path={cfg.eval_path!r}: its columns differ from "
                                   f"data.path's ({', '.join(test_names)})")
-            return Dataset(x, y[0], x_test, y_test[0], y[1], tuple(names), task)
-        y = y[0]
+            classes = len(values) if values is not None else 0
+            return Dataset(x, y, x_test, y_test, classes, tuple(names), task)
     else:
         raise ConfigError("data=torch: your datasets come from data.train/data.eval, not "
                           "ctx.dataset() (which loads digits, synthetic and parquet)")
@@ -162,23 +163,25 @@ def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None, key: str 
     return dataset
 
 
-def read_parquet(cfg: DataConfig, storage: StorageSpec | None, path: str | None = None,
-                 labels_of=None):
-    """(x, (y, classes), feature names, task) of data.path (or ``path``, read like it); class
-    ids number the label values found in data.path (``labels_of``: its (y, classes, values))."""
-    if path is None:
-        table = check_parquet(cfg, storage).to_table()
-    else:
-        table = check_parquet(DataConfig(name="parquet", path=path, label=cfg.label,
-                                         task=cfg.task), storage, "data.eval_path").to_table()
+def eval_config(cfg: DataConfig) -> DataConfig:
+    """data.eval_path read like data.path (its errors name data.eval_path)."""
+    return DataConfig(name="parquet", path=cfg.eval_path, label=cfg.label, task=cfg.task)
+
+
+def read_parquet(cfg: DataConfig, storage: StorageSpec | None, key: str = "data.path",
+                 values: np.ndarray | None = None):
+    """(x, y, feature names, task, label values) of cfg.path. Class ids number the sorted
+    label values found there, or ``values`` (data.path's, for data.eval_path)."""
+    table = check_parquet(cfg, storage, key).to_table()
     names = [n for n in table.column_names if n != cfg.label]
     x = np.column_stack([table[n].to_numpy(zero_copy_only=False) for n in names]).astype(np.float32)
     task = parquet_task(cfg, table.schema.field(cfg.label).type)
     labels = table[cfg.label].to_numpy(zero_copy_only=False)
     if task == "regression":
-        return x, (labels.astype(np.float32), 0, None), names, task
-    values = labels_of[2] if labels_of is not None else np.unique(labels)
+        return x, labels.astype(np.float32), names, task, None
+    if values is None:
+        values = np.unique(labels)
+    elif not np.isin(labels, values).all():
+        raise ConfigError(f"{key}={cfg.path!r}: label values that data.path does not have")
     y = np.searchsorted(values, labels)  # any label values -> 0..k-1
-    if labels_of is not None and not np.isin(labels, values).all():
-        raise ConfigError(f"data.eval_path={path!r}: label values that data.path does not have")
-    return x, (y.astype(np.int64), len(values), values), names, task
+    return x, y.astype(np.int64), names, task, values

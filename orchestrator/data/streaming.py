@@ -123,15 +123,15 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
     checkpoint the run resumes from."""
     if cfg.name != "parquet" or cfg.stream == "false":
         return None
+    if trainer is not None:  # decided before any footer is read
+        if cfg.stream == "true":
+            raise ConfigError(f"data.stream=true: trainer={trainer} reads its data whole; "
+                              "streamed data is for trainer=ddp, fsdp and xgboost")
+        return None
     data = storage.sibling(cfg.path)
     fs, path = data.filesystem()
     manifest = read_manifest(fs, path, cfg.label, "data.path", cfg.max_row_group_mb)
     if not stream_wanted(cfg, manifest):
-        return None
-    if trainer is not None:
-        if cfg.stream == "true":
-            raise ConfigError(f"data.stream=true: trainer={trainer} reads its data whole; "
-                              "streamed data is for trainer=ddp, fsdp and xgboost")
         return None
     eval_data = eval_manifest = None
     if cfg.eval_path:
