@@ -39,7 +39,26 @@ def hydra_app(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+# Keys whose value is a command line: `trainer.command="torchrun --nproc-per-node=2 x.py"`
+# reaches us unquoted (the shell took the quotes), and Hydra cannot parse its '=' and spaces.
+COMMAND_KEYS = ("trainer.command=",)
+
+
+def quote_commands(argv: list[str]) -> list[str]:
+    """Give a command-line value the quotes Hydra needs (one it already quoted stays)."""
+    quoted = []
+    for arg in argv:
+        key = next((k for k in COMMAND_KEYS if arg.lstrip("+").startswith(k)), None)
+        if key is not None:
+            prefix, value = arg[: arg.index("=") + 1], arg[arg.index("=") + 1:]
+            if not (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
+                arg = prefix + "'" + value.replace("'", "\\'") + "'"
+        quoted.append(arg)
+    return quoted
+
+
 def main() -> None:
+    sys.argv[1:] = quote_commands(sys.argv[1:])
     try:
         check_command_line(sys.argv[1:], CONF_DIR)
     except ConfigError as exc:

@@ -28,7 +28,7 @@ from orchestrator.recorder import FaultReporter, start_recorder
 from orchestrator.run_plan import complete_data, make_plan
 from orchestrator.scaling import elastic_controller_env, scaling_kwargs
 from orchestrator.storage_probe import check_cluster_storage
-from orchestrator.training_function import check_training
+from orchestrator.training_function import check_training, cluster_keys_given, size_cluster
 from orchestrator.worker import WorkerSpec, train_loop_per_worker
 
 log = logging.getLogger("orchestrator")
@@ -43,6 +43,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     """Run one job; return its exit code (0 ok, 1 training failed, 2 bad input)."""
     resolve_paths(cfg_node, Path.cwd())  # a sweep's trial had them resolved by its driver
     try:
+        size_cluster(cfg_node, cluster_keys_given())
         cfg = to_typed(cfg_node)
         complete_data(cfg_node, cfg)
         data_cfg = OmegaConf.to_container(cfg_node.data, resolve=True)
@@ -86,7 +87,8 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
                               cfg.data, cfg.checkpoint, plan.run_storage, plan.resume_source,
                               cfg.seed, recorder, cfg.failure.preemption_check_s,
                               cfg.failure.hang_timeout_s, eval_every_steps=cfg.run.eval_every_steps,
-                              stream=plan.stream)
+                              stream=plan.stream, run_name=plan.run_name,
+                              max_restarts=cfg.failure.max_restarts)
             scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
             scaling = ScalingConfig(**scaling_args)
             log.info("asking Ray for %s", describe_workers(scaling_args))

@@ -7,6 +7,7 @@ curves, and the notices and progress the driver prints (see orchestrator/observe
 
 from __future__ import annotations
 
+import os
 import time
 
 import ray
@@ -87,7 +88,8 @@ class RunRecorder:
         workers = f"{world_size} worker{'s' if world_size != 1 else ''}"
         if kind == "start":
             verb = f"resuming at step {step}" if step else "from step 0"
-            self._notice(f"{workers} started, training {verb} of {total_steps}")
+            of = f" of {total_steps}" if total_steps else ""
+            self._notice(f"{workers} started, training {verb}{of}")
         elif kind == "restart":
             again = self.record.lost_steps - lost
             self._notice(f"restart {self.record.restarts} after a worker failure: {workers} resume "
@@ -156,6 +158,19 @@ class RunRecorder:
     def note(self, message: str, level: str = "INFO") -> None:
         """A worker's line for the user's terminal (workers' own output is Ray's business)."""
         self._notice(message, level)
+
+    def output(self, rank: int, lines: list[str]) -> None:
+        """A program's printed lines (trainer=script): all ranks' in logs/rank_<r>.log beside
+        run.json, rank 0's on the console too."""
+        folder = os.path.join(os.path.dirname(self.path), "logs")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"rank_{rank}.log"), "a", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in lines)
+        if rank == 0:
+            self.notices.extend(("INFO", f"[rank0] {line}") for line in lines)
+
+    def groups_started(self) -> int:
+        return len(self.record.world_sizes)
 
     def worker_started(self, rank: int, pid: int, node: str) -> None:
         self.record.worker_started(rank, pid, node)

@@ -112,3 +112,40 @@ def validated(trainer: dict, schema: type | None) -> dict:
 
 def first_line(exc: BaseException) -> str:
     return one_line(exc)[:200]
+
+
+def size_cluster(cfg_node, given: set[str]) -> None:
+    """A training function that knows the run's size from its own keys (trainer=script reads
+    torchrun's --nnodes and --nproc-per-node) sets cluster.* here, before the config is typed;
+    a contradiction with a cluster key given on the command line is its ConfigError."""
+    trainer = cfg_node.get("trainer")
+    path = trainer.get("fn") if trainer is not None else None
+    if not isinstance(path, str) or not path.strip() or path == "???":
+        return
+    info = training_info(import_function(path))
+    if info.cluster is None:
+        return
+    try:
+        trainer_keys = OmegaConf.to_container(trainer, resolve=True)
+        cluster_keys = OmegaConf.to_container(cfg_node.cluster, resolve=True)
+    except OmegaConfBaseException:
+        return  # typing the config says what is wrong, in its own words
+    for key, value in info.cluster(trainer_keys, cluster_keys, given).items():
+        cfg_node.cluster[key] = value
+
+
+def cluster_keys_given(overrides: list[str] | None = None) -> set[str]:
+    """The cluster.* keys the command line set (Hydra's overrides), e.g. {"workers"}."""
+    if overrides is None:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            overrides = list(HydraConfig.get().overrides.task)
+        except Exception:  # not under Hydra (a sweep's trial, a test): nothing given
+            return set()
+    keys = set()
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key.startswith("cluster."):
+            keys.add(key[len("cluster."):])
+    return keys

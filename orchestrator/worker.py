@@ -49,6 +49,8 @@ class WorkerSpec:
     preemption_wait_s: float = 30.0  # how long to wait for a notice without deadline
     eval_every_steps: int | None = None  # run.eval_every_steps
     stream: Any = None  # a StreamPlan where data=parquet is streamed (orchestrator/data/streaming.py)
+    run_name: str = ""
+    max_restarts: int = 0  # failure.max_restarts
 
 
 class Collective(Protocol):
@@ -150,7 +152,8 @@ def train_loop_per_worker(config: dict) -> None:
         start = start_point(spec, rank, RayCollective(), workdir)
         devices = [int(g) for g in ray.get_gpu_ids()]
         ctx = WorkerContext(spec, rank, train.get_local_rank(), train.get_world_size(), devices,
-                            start, RayCollective(), workdir)
+                            start, RayCollective(), workdir, train.get_node_rank(),
+                            train.get_local_world_size())
         result = fn(ctx, copy.deepcopy(spec.config))
         metrics = final_metrics(result)
         ctx._close()  # every upload done: the final checkpoint is committed, or it is said why

@@ -63,10 +63,14 @@ class TrainingInfo:
     check: Callable[[dict], None] | None = None  # more checks on cfg (raise ConfigError)
     step_unit: str = "step"  # what the progress display counts ("round" for boosting)
     streams: bool = False  # reads large parquet data through ctx.stream() (a rank's share)
+    # (trainer keys, cluster keys, the cluster keys given on the command line) -> cluster keys
+    # to set: a function that knows the run's size from its own keys (torchrun's flags).
+    cluster: Callable[[dict, dict, set], dict] | None = None
 
 
 def training_function(config: type | None = None, check: Callable[[dict], None] | None = None,
-                      step_unit: str = "step", streams: bool = False):
+                      step_unit: str = "step", streams: bool = False,
+                      cluster: Callable[[dict, dict, set], dict] | None = None):
     """Optional decorator: the schema your ``trainer`` keys must fit (a dataclass whose
     ``__post_init__`` may raise ConfigError), extra checks ``check(cfg)`` on what the function
     will get (``{"trainer": ..., "data": ...}``: try your parts on a tiny batch, say), and the
@@ -76,7 +80,7 @@ def training_function(config: type | None = None, check: Callable[[dict], None] 
     ``ctx.dataset()`` (the whole data in memory)."""
 
     def mark(fn):
-        fn.__training_info__ = TrainingInfo(config, check, step_unit, streams)
+        fn.__training_info__ = TrainingInfo(config, check, step_unit, streams, cluster)
         return fn
 
     return mark
@@ -160,10 +164,15 @@ class WorkerContext:
     seed: int  # the run's seed (seed=...): weights, data order, split
     device_ids: list[int]  # GPUs Ray assigned to this worker (empty on CPU)
     start_step: int  # the step of the checkpoint restore() returns (0 on a fresh start)
+    node_rank: int  # this worker's node among the group's nodes (0 holds rank 0)
+    local_world_size: int  # workers of this group on this node
 
     def __init__(self, spec: WorkerSpec, rank: int, local_rank: int, world_size: int,
-                 device_ids: list[int], start: Start, collective: Collective, workdir: Path):
+                 device_ids: list[int], start: Start, collective: Collective, workdir: Path,
+                 node_rank: int = 0, local_world_size: int | None = None):
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self.node_rank = node_rank
+        self.local_world_size = world_size if local_world_size is None else local_world_size
         self.seed, self.device_ids, self.start_step = spec.seed, list(device_ids), start.step
         self._spec, self._start, self._collective, self._workdir = spec, start, collective, workdir
         now = time.monotonic()
@@ -269,6 +278,49 @@ class WorkerContext:
         agreed on: ``should_save`` is True at that step; save, then return. The orchestrator
         waits for the upload and the restart resumes there (no step lost)."""
         return self._notice is not None
+
+    def check_preemption(self) -> bool:
+        """A barrier for loops that do not step in lockstep (trainer=script's supervisor):
+        every rank calls it at the same moments and gets the same answer, True once a
+        preemption notice was agreed on."""
+        self._agree(self._step)
+        return self._notice is not None
+
+    @property
+    def preemption_deadline(self) -> float | None:
+        """The agreed notice's deadline (seconds since the epoch), or None."""
+        info = self._notice
+        return info.deadline_ms / 1000 if info is not None and info.deadline_ms else None
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value``, on every rank (a barrier: every rank must call it)."""
+        return self._collective.broadcast(value)
+
+    @property
+    def run_name(self) -> str:
+        return self._spec.run_name
+
+    @property
+    def max_restarts(self) -> int:
+        """failure.max_restarts: how many restarts after a failure the run allows."""
+        return self._spec.max_restarts
+
+    def groups_before(self) -> int:
+        """How many worker groups of this run started before this one (restarts, resizes
+        and preemptions); asked of the run's recorder."""
+        import ray
+
+        return ray.get(self._spec.recorder.groups_started.remote())
+
+    def output(self, lines: list[str]) -> None:
+        """Lines this rank's program printed: kept in the run folder (logs/rank_<r>.log);
+        rank 0's are shown on the console."""
+        if lines:
+            self._spec.recorder.output.remote(self.rank, list(lines))
+
+    def warn(self, message: str) -> None:
+        """A warning in run.json and on the console."""
+        self._spec.recorder.warning.remote(message)
 
     def _agree(self, step: int) -> None:
         info = self._collective.preemption_info()  # a barrier: every rank is here

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-PATH_KEYS = ("data.path", "data.eval_path", "storage.uri", "resume")
+PATH_KEYS = ("data.path", "data.eval_path", "storage.uri", "resume", "trainer.workdir")
 NOT_PATHS = {"resume": ("auto", "never")}
 
 

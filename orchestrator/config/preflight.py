@@ -76,12 +76,15 @@ def check_command_line(argv: list[str], conf_dir: Path) -> int:
     if split is None:
         return 0
     overrides, multirun = split
+    from orchestrator.training_function import cluster_keys_given, size_cluster
+
     searchpath = [o for o in overrides if o.startswith("hydra.searchpath=")]
     with initialize_config_dir(str(conf_dir), version_base="1.3", job_name="preflight"):
         trials = sweep_trials(overrides) if multirun else expand_sweep(overrides, False)
         checked: set[str] = set()
         for trial in trials:
             cfg = compose_one(trial + searchpath)
+            size_cluster(cfg, cluster_keys_given(trial))
             check_trainer(cfg, to_typed(cfg), checked)
     return len(trials)
 

@@ -1,0 +1,1 @@
+"""trainer=script: the user's unchanged torchrun-style script, one process per worker."""

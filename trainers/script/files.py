@@ -1,0 +1,184 @@
+"""A node's folder for the script, and the checkpoint files it writes there.
+
+The script runs in a folder of its own on each node, made of links to everything in
+trainer.workdir except the checkpoint files' folders, which are real and private: the
+script finds its code and data where it always does, and the snapshot it writes belongs to
+this run alone (two trials of a sweep never share one). Before it starts, the newest
+committed checkpoint's files are copied back in; only committed ones, so a file torn by a kill
+mid-write is never put back.
+
+A written file is taken once it is *closed and still*: no process has it open (Linux's
+/proc/<pid>/fd), and its size, mtime and inode are the same one poll later and after the copy.
+The copy goes aside at once, so a script that overwrites snapshot.pt in place never tears the
+one being uploaded.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORK = "work"  # the checkpoint files under the script's working directory
+CKPT_DIR = "checkpoint_dir"  # the files under $CHECKPOINT_DIR
+
+
+def private_tops(patterns: list[str]) -> list[str]:
+    """The first component of each pattern: those entries are the run's own, not links."""
+    return [Path(p).parts[0] for p in patterns]
+
+
+def make_node_folder(root: Path, workdir: Path, patterns: list[str]) -> tuple[Path, Path]:
+    """root/work: links to workdir's entries (except the checkpoint files' tops);
+    root/checkpoint_dir: $CHECKPOINT_DIR. Returns (work, checkpoint_dir)."""
+    work, ckpt = root / WORK, root / CKPT_DIR
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt.mkdir(exist_ok=True)
+    tops = private_tops(patterns)
+    for entry in workdir.iterdir():
+        if any(fnmatch.fnmatch(entry.name, top) for top in tops):
+            continue
+        link = work / entry.name
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(entry)
+    for pattern in patterns:  # a folder named by a pattern (ckpt/*.pt): private, empty
+        parts = Path(pattern).parts
+        if len(parts) > 1 and not any(c in parts[0] for c in "*?["):
+            (work / parts[0]).mkdir(exist_ok=True)
+    return work, ckpt
+
+
+def restore_files(checkpoint: Path, node_rank: int, work: Path, ckpt: Path) -> int:
+    """Copy this node's files of a committed checkpoint back (node 0's where this node has
+    none: a snapshot rank 0 wrote is every node's). Returns how many files."""
+    source = checkpoint / f"node_{node_rank}"
+    if not source.is_dir():
+        source = checkpoint / "node_0"
+    count = 0
+    for kind, target in ((WORK, work), (CKPT_DIR, ckpt)):
+        base = source / kind
+        if not base.is_dir():
+            continue
+        for path in sorted(p for p in base.rglob("*") if p.is_file()):
+            dest = target / path.relative_to(base)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest)
+            count += 1
+    return count
+
+
+def signature(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def open_files() -> set[str]:
+    """Every file some process of ours has open (Linux /proc)."""
+    found = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                found.add(os.readlink(f"{fd_dir}/{fd}"))
+            except OSError:
+                continue
+    return found
+
+
+@dataclass
+class CheckpointWatcher:
+    """Watches one node's checkpoint files; keeps closed, still copies aside in ``pending``."""
+
+    work: Path
+    ckpt: Path
+    patterns: list[str]
+    pending_root: Path
+    taken: dict[str, tuple] = field(default_factory=dict)  # name -> signature last taken
+    seen: dict[str, tuple] = field(default_factory=dict)  # name -> signature at the last poll
+    ever_written: bool = False
+
+    def __post_init__(self) -> None:
+        self.pending_root.mkdir(parents=True, exist_ok=True)
+        self.taken = {name: sig for name, sig in self.current().items()}  # restored files
+
+    def current(self) -> dict[str, tuple]:
+        """name ("work/<rel>" or "checkpoint_dir/<rel>") -> signature, for every file."""
+        files: dict[str, tuple] = {}
+        for pattern in self.patterns:
+            for path in self.work.glob(pattern):
+                if path.is_file() and not path.is_symlink():
+                    files[f"{WORK}/{path.relative_to(self.work)}"] = signature(path)
+        for path in self.ckpt.rglob("*"):
+            if path.is_file():
+                files[f"{CKPT_DIR}/{path.relative_to(self.ckpt)}"] = signature(path)
+        return {k: v for k, v in files.items() if v is not None}
+
+    def path_of(self, name: str) -> Path:
+        kind, _, rel = name.partition("/")
+        return (self.work if kind == WORK else self.ckpt) / rel
+
+    def poll(self, settled: bool = False) -> bool:
+        """Copy aside what changed and is closed and still (``settled``: the writers have
+        exited, so closed is enough). True when nothing is in flux and something is new."""
+        now = self.current()
+        changed = {n: s for n, s in now.items() if self.taken.get(n) != s}
+        if not changed:
+            self.seen = now
+            return self.has_new()
+        in_use = open_files()
+        in_flux = False
+        for name, sig in changed.items():
+            path = self.path_of(name)
+            still = settled or self.seen.get(name) == sig
+            if not still or str(path) in in_use:
+                in_flux = True
+                continue
+            copy = self.pending_root / name
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, copy)
+            if signature(path) != sig:  # written again while copied: next poll
+                copy.unlink(missing_ok=True)
+                in_flux = True
+                continue
+            self.taken[name] = sig
+            self.ever_written = True
+        self.seen = now
+        return not in_flux and self.has_new()
+
+    def has_new(self) -> bool:
+        return any(p.is_file() for p in self.pending_root.rglob("*"))
+
+    def write_into(self, folder: Path, node_rank: int, everything: bool = True) -> None:
+        """Move the copies aside into ``folder``/node_<n>/, and copy the unchanged files too
+        (``everything``): a checkpoint holds all of the node's files, not only the new ones."""
+        base = folder / f"node_{node_rank}"
+        moved = set()
+        for path in sorted(p for p in self.pending_root.rglob("*") if p.is_file()):
+            name = str(path.relative_to(self.pending_root))
+            dest = base / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, dest)
+            moved.add(name)
+        if everything:
+            for name, sig in list(self.taken.items()):
+                if name in moved:
+                    continue
+                source = self.path_of(name)
+                if signature(source) != sig:
+                    continue  # being rewritten: the older copy is in an older checkpoint
+                dest = base / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, dest)
+        shutil.rmtree(self.pending_root, ignore_errors=True)
+        self.pending_root.mkdir(parents=True, exist_ok=True)
