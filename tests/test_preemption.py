@@ -139,30 +139,65 @@ def test_sigterm_to_a_node_saves_before_the_deadline_and_loses_no_step(preemptib
             assert {e["rank"] for n, e in files.items() if n.endswith(".distcp")} == {0, 1}, files
 
 
-@pytest.mark.slow
-def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_at_the_notice(
-        preemptible_cluster, tmp_path):
-    """The notice reaches a user's own training function (ctx.should_preempt), which saves
-    every rank's files at that step and returns; the restart loses no step."""
-    head, tmp, nodes = preemptible_cluster
-    proc = start_job(head, tmp_path / "run", USER_FUNCTION, cwd=user_project(tmp_path))
-    rec = running(tmp_path / "run")
-    node_id = rec["workers"][0]["node"]
-    drained = node_of(rec["workers"][0]["pid"], nodes)
-    drain = subprocess.run(
+# A user's unchanged torchrun script (trainer=script): it saves its snapshot when it gets SIGTERM.
+SCRIPT = ["trainer=script", "trainer.checkpoint_files=[snapshot.pt]"]
+
+
+def drain(head, node_id: str) -> None:
+    done = subprocess.run(
         [RAY, "drain-node", f"--address={head.address}", f"--node-id={node_id}",
          "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot instance reclaimed",
          f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"],
         env=node_env(), capture_output=True, text=True, timeout=120)
-    assert drain.returncode == 0, drain.stdout + drain.stderr  # the other node has room
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_and_script_at_the_notice(
+        preemptible_cluster, tmp_path):
+    """Two jobs, each on a node of its own, both nodes drained: the notice reaches a user's own
+    training function (ctx.should_preempt), which saves every rank's files at that step and
+    returns, and a user's unchanged script (trainer=script), whose every rank gets SIGTERM and
+    whose snapshot written then is committed; neither loses a step or an epoch."""
+    head, tmp, nodes = preemptible_cluster
+    project = user_project(tmp_path)
+    proc = start_job(head, tmp_path / "run", USER_FUNCTION, cwd=project)
+    gate = tmp_path / "gate"  # start_job made it: the script's epochs are paced while it exists
+    script = start_run(tmp_path / "script", f"cluster.address={head.address}",
+                       f"storage.uri={tmp_path / 'ckpt'}", "checkpoint.keep=0",
+                       "cluster.cpus_per_worker=1", *SCRIPT,
+                       f"trainer.command=python scripts/ddp_snapshot.py 60 1 --pace-while {gate}",
+                       cwd=project)
+    rec = running(tmp_path / "run")
+    script_rec = wait_for(lambda r: len(r.get("checkpoints", [])) >= 2
+                          and len(r.get("workers", [])) == 2, tmp_path / "script")
+    drained = {node_of(rec["workers"][0]["pid"], nodes),
+               node_of(script_rec["workers"][0]["pid"], nodes)}
+    assert len(drained) == 2 and None not in drained, "the two jobs share a node"
+    node_ids = [rec["workers"][0]["node"], script_rec["workers"][0]["node"]]
+    for node_id in node_ids:
+        drain(head, node_id)
+    nodes.extend(add_node(head, tmp, num_cpus=2, env=NODE_ENV) for _ in range(2))
     try:
-        restarted(tmp_path / "run")
+        restarted(tmp_path / "run", tmp_path / "script")
         rec, out = finish(proc, tmp_path / "run")
+        script_rec, _ = finish(script, tmp_path / "script")
     finally:
         # `ray drain-node` does not take the node away; the cloud would, at the deadline.
-        nodes.remove(drained)
-        stop_head(drained)
+        for node in drained:
+            nodes.remove(node)
+            stop_head(node)
     notice = assert_saved_at_the_notice(rec, out)
-    assert notice["nodes"] == [node_id]
+    assert notice["nodes"] == [node_ids[0]]
     assert rec["trainer"] == "function" and rec["metrics"]["accuracy"] > 0.9
-    assert all(w["node"] != node_id for w in rec["workers"])  # the restart avoided it
+    assert all(w["node"] != node_ids[0] for w in rec["workers"])  # the restart avoided it
+
+    # The script: SIGTERM reached both ranks at the notice, rank 0's snapshot written then was
+    # committed, and the restart resumed at the very next epoch.
+    assert script_rec["status"] == "succeeded"
+    assert script_rec["preemptions"] == 1 and script_rec["restarts"] == 0, script_rec["failures"]
+    logs = [(tmp_path / "script" / "logs" / f"rank_{r}.log").read_text() for r in (0, 1)]
+    assert all(f"rank {r} got SIGTERM" in logs[r] for r in (0, 1)), logs
+    stopped = int(logs[0].split("rank 0 stopping after epoch ")[1].split()[0])
+    assert f"Resuming training from snapshot at Epoch {stopped + 1}\n" in logs[0]
+    assert "Epoch 59 | Training snapshot saved" in logs[0]
