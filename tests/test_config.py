@@ -26,6 +26,7 @@ def test_every_option_composes_and_types(override):
     extra = {"data=parquet": ["data.path=/some/file.parquet"],
              "storage=s3": ["storage.uri=s3://bucket/prefix"],
              "trainer=function": ["trainer.fn=tests.user_trainers:fails_at_step_35"],
+             "trainer=script": ["trainer.command='python train.py'"],
              "data=torch": ["data.train._target_=mypkg.data.Train",
                             "data.eval._target_=mypkg.data.Eval"]}.get(override, [])
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):

@@ -44,8 +44,10 @@ def check_script(cfg: dict) -> None:
     if command.script is not None:
         script = workdir / command.script
         if not script.is_file():
+            where = ("this folder" if workdir.resolve() == Path.cwd().resolve()
+                     else f"trainer.workdir={str(workdir)!r}")
             raise ConfigError(f"trainer.command={trainer['command']!r}: the script "
-                              f"{command.script!r} does not exist in {workdir.resolve()}")
+                              f"{command.script!r} does not exist in {where}")
     for pattern in trainer["checkpoint_files"]:
         check_checkpoint_pattern(str(pattern))
 
