@@ -14,6 +14,8 @@ Benchmarks (scripts/benchmarks/*.py; baselines in scripts/baselines/, each runna
                   (--fsdp-layers 16: ~202M)
   fsdp_checkpoint a ~1.2 GiB sharded checkpoint to S3: async vs sync blocking, upload rate, memory
   data_scale      parquet of ~1 and ~8 GiB streamed by 2 workers: peak RSS, bytes read, samples/s
+  script_vs_torchrun  a user's torchrun script under trainer=script vs plain torchrun: wall
+                  time, the same final weights
 
 Every comparison runs its sides in the same run, interleaved (A B, then B A, ...), and reports
 ratios of medians: the machine is shared and noisy, absolute times mean little. The load
@@ -40,7 +42,7 @@ from scripts.benchmarks.common import loadavg, progress  # noqa: E402
 from scripts.benchmarks.report import markdown  # noqa: E402
 
 BENCHMARKS = ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory", "lm_throughput",
-              "fsdp_memory", "fsdp_checkpoint", "data_scale")
+              "fsdp_memory", "fsdp_checkpoint", "data_scale", "script_vs_torchrun")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -81,6 +83,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--data-steps", type=int, default=3000,
                    help="steps of the runs compared for samples/s (--repeats pairs)")
     g.add_argument("--data-batch", type=int, default=1024)
+    g.add_argument("--script-epochs", type=int, default=20, help="script_vs_torchrun's epochs")
     return p
 
 

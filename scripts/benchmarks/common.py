@@ -110,11 +110,11 @@ class Timed:
 
 
 def run_timed(cmd: list[str], log_path: Path, timeout: float = 900, env: dict | None = None,
-              check: bool = True) -> Timed:
+              check: bool = True, cwd: Path = REPO) -> Timed:
     """Run a command to its end; its output goes to log_path."""
     started = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, cwd=REPO, env=bench_env(env), stdout=log,
+        proc = subprocess.run(cmd, cwd=cwd, env=bench_env(env), stdout=log,
                               stderr=subprocess.STDOUT, timeout=timeout)
     ended = time.time()
     output = log_path.read_text()
