@@ -164,7 +164,8 @@ def train_loop_per_worker(config: dict) -> None:
         step = ctx._step if ctx is not None else 0
         cause = cause_of(exc)
         error = WorkerError(rank, step, type(cause).__name__, one_line(cause)[:300],
-                            traceback.format_exc(), pid=os.getpid())
+                            getattr(cause, "details", None) or traceback.format_exc(),
+                            pid=os.getpid())
         ray.get(spec.recorder.worker_error.remote(error))
         raise
     finally:

@@ -35,7 +35,18 @@ DEADLINE_MARGIN_S = 3.0  # SIGKILL this long before a notice's deadline: time to
 
 
 class ScriptFailed(RuntimeError):
-    """A rank's script exited non-zero or was killed."""
+    """A rank's script exited non-zero or was killed. ``details``, the end of its stderr,
+    stands for the traceback in what the run reports (the supervisor's own says nothing)."""
+
+    def __init__(self, message: str, details: str | None = None):
+        super().__init__(message)
+        self.details = details
+
+
+def failed(proc: ScriptProcess, code: int) -> ScriptFailed:
+    tail = "\n".join(proc.stderr_tail)
+    return ScriptFailed(proc.failure(code), f"the end of rank {proc.rank}'s stderr:\n{tail}\n"
+                        if tail else None)
 
 
 def free_port(host: str) -> int:
@@ -127,7 +138,7 @@ class Supervisor:
         while True:
             code = proc.poll()
             if code is not None and code != 0:
-                raise ScriptFailed(proc.failure(code))
+                raise failed(proc, code)
             ctx.output(proc.take_lines())
             ready = self.watcher.poll() if self.watcher is not None else False
             decision = ctx.broadcast({"save": ready, "done": code == 0} if ctx.rank == 0 else None)
@@ -159,7 +170,7 @@ class Supervisor:
         code = self.proc.wait()
         self.ctx.output(self.proc.take_lines())
         if code != 0:
-            raise ScriptFailed(self.proc.failure(code))
+            raise failed(self.proc, code)
         self.settle(clean=True)
         if self.ctx.rank == 0 and self.checkpoints == 0:
             self.ctx.warn("the script wrote no checkpoint files (trainer.checkpoint_files, or "
