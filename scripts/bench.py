@@ -63,6 +63,8 @@ def parser() -> argparse.ArgumentParser:
                    help="digits epochs of the short job (10: the default job)")
     g.add_argument("--fixed-variants", default="",
                    help="comma-separated orchestrator variants (fixed_cost.VARIANTS), or ''")
+    g.add_argument("--fixed-warm", type=int, default=1,
+                   help="fixed_cost: also time commands joining a running cluster (0: skip)")
     g.add_argument("--sweep-trials", type=int, default=4,
                    help="also time a sweep of N trials in one Ray session (0: skip)")
     g.add_argument("--recovery-kill-step", type=int, default=120)

@@ -85,6 +85,20 @@ def test_fixed_cost_figures_and_variants():
     assert "cpu_s_vs_ray_train" not in figs  # no CPU figures in these runs
 
 
+def test_fixed_cost_against_torchrun_cold_and_warm():
+    runs = {"orchestrator": [{"to_exit_s": 20.0, "to_first_step_s": 15.0}] * 2,
+            "ray_train": [{"to_exit_s": 25.0, "to_first_step_s": 15.0}] * 2,
+            "torchrun": [{"to_exit_s": 5.0, "to_first_step_s": 3.0}] * 2,
+            "orchestrator_warm": [{"to_exit_s": 6.0, "to_first_step_s": 4.5}] * 2}
+    figs = fixed_cost.summarize({}, runs)["figures"]
+    assert figs["to_exit_s_vs_torchrun"] == {"value": 4.0, "goal": "<= 2", "met": False,
+                                             "paired": [4.0, 4.0]}
+    assert figs["to_exit_s_warm_vs_torchrun"]["value"] == 1.2
+    assert figs["to_exit_s_warm_vs_torchrun"]["met"]
+    assert figs["to_first_step_s_vs_torchrun"]["value"] == 5.0
+    assert "goal" not in figs["to_first_step_s_vs_torchrun"]  # reported beside it
+
+
 def test_fixed_cost_cpu_profile_by_process_title():
     def run(cpu, titles):
         return {"to_exit_s": 1.0, "to_first_step_s": 1.0,

@@ -29,6 +29,8 @@ from scripts.benchmarks.common import (
 from scripts.benchmarks.memory import run_watched
 
 GOAL = Goal("<=", 1.0)
+TORCHRUN_GOAL = Goal("<=", 2.0)
+WARM_TORCHRUN_GOAL = Goal("<=", 1.3)
 # Orchestrator settings worth measuring against the default: name -> (overrides, environment).
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "no_dashboard": (["cluster.dashboard=false"], {}),
@@ -62,11 +64,37 @@ def run(args: argparse.Namespace, work: Path) -> dict:
                 "to_first_step_s": round(res["first_step_at"] - timed.started_at, 3),
                 "steps": res.get("steps"), "memory": peaks}
 
-    sides = {"orchestrator": orchestrated("orchestrator", [], {}), "ray_train": ray_train}
+    def torchrun(i: int) -> dict:
+        out = work / f"torchrun-{i}.json"
+        timed, peaks = run_watched([PYTHON, "-m", "torch.distributed.run", "--standalone",
+                                    "--nproc-per-node=2", str(BASELINES / "torchrun_ddp.py"),
+                                    "--epochs", str(epochs), "--out", str(out)],
+                                   work / f"torchrun-{i}.log")
+        res = read_json(out)
+        return {"to_exit_s": timed.wall_s,
+                "to_first_step_s": round(res["first_step_at"] - timed.started_at, 3),
+                "steps": res.get("steps"), "memory": peaks}
+
+    sides = {"orchestrator": orchestrated("orchestrator", [], {}), "ray_train": ray_train,
+             "torchrun": torchrun}
     for name in args.fixed_variants:
         overrides, env = VARIANTS[name]
         sides[f"orchestrator_{name}"] = orchestrated(f"orchestrator_{name}", overrides, env)
-    runs = interleave(sides, args.repeats, log=lambda m: progress(f"fixed_cost {m}"))
+    head = None
+    if args.fixed_warm:  # the second command: a cluster already running (`ray start --head`)
+        from scripts.local_cluster import start_head
+
+        (work / "warm-head").mkdir(exist_ok=True)
+        head = start_head(work / "warm-head")
+        sides["orchestrator_warm"] = orchestrated(
+            "orchestrator_warm", [f"cluster.address={head.address}"], {})
+    try:
+        runs = interleave(sides, args.repeats, log=lambda m: progress(f"fixed_cost {m}"))
+    finally:
+        if head is not None:
+            from scripts.local_cluster import stop_cluster
+
+            stop_cluster(head)
     result = summarize(spec, runs)
     if args.sweep_trials:
         result["sweep"] = sweep_cost(args, work, epochs, result)
@@ -89,6 +117,16 @@ def summarize(spec: dict, runs: dict[str, list[dict]]) -> dict:
             if side.startswith("orchestrator_"):
                 figures[f"{key}_{side.removeprefix('orchestrator_')}_vs_ray_train"] = figure(
                     ratio(medians[side][key], medians["ray_train"][key]), GOAL)
+        if "torchrun" in runs:  # issue 30: a cold start <= 2x torchrun's, a warm one <= 1.3x
+            for side, goal in (("orchestrator", TORCHRUN_GOAL),
+                               ("orchestrator_warm", WARM_TORCHRUN_GOAL)):
+                if side in runs:
+                    name = "warm_" if side.endswith("_warm") else ""
+                    figures[f"{key}_{name}vs_torchrun"] = figure(
+                        ratio(medians[side][key], medians["torchrun"][key]),
+                        goal if key == "to_exit_s" else None,
+                        paired=paired_ratios([r[key] for r in runs[side]],
+                                             [r[key] for r in runs["torchrun"]]))
     profile = cpu_profile(runs)
     if profile:  # CPU seconds: what a loaded machine blurs least (wall time is mostly waiting)
         figures["cpu_s_vs_ray_train"] = figure(
