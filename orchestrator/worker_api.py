@@ -181,7 +181,7 @@ class WorkerContext:
         self._step = start.step
         self._announced = False
         self._restored: Path | None = start.path
-        self._policy = CheckpointPolicy(spec.checkpoint.every_steps, spec.checkpoint.every_seconds, now)
+        self._policy = CheckpointPolicy(spec.checkpoint.every_steps, spec.checkpoint.every_seconds)
         self._checks = PreemptionChecks(spec.preemption_check_s, start.step, now)
         self._reports = StepReports(spec.recorder) if rank == 0 else None
         self._notice = None  # the preemption notice every rank agreed on
@@ -267,6 +267,7 @@ class WorkerContext:
         failure.preemption_check_s, the workers' agreement on preemption notices."""
         self._step = step
         self._announce()
+        self._policy.start(time.monotonic())
         final = self._total is not None and step >= self._total
         if self._reports is not None:
             self._reports.add(step, metrics or {}, samples, final)

@@ -274,7 +274,8 @@ def test_such_names_are_never_written(store, tmp_path):
     ],
 )
 def test_checkpoint_policy(every_steps, every_seconds, events, expected):
-    policy = CheckpointPolicy(every_steps, every_seconds, now=0.0)
+    policy = CheckpointPolicy(every_steps, every_seconds)
+    policy.start(0.0)
     decisions = []
     for step, now in events:
         decision = policy.due_by_step(step) or policy.due_by_time(now)
@@ -282,6 +283,15 @@ def test_checkpoint_policy(every_steps, every_seconds, events, expected):
             policy.saved(now)
         decisions.append(decision)
     assert decisions == expected
+
+
+def test_the_checkpoint_clock_starts_after_the_first_step_not_at_start_up():
+    """every_seconds=2 saved at step 1 when a 30 s start-up counted as training time."""
+    policy = CheckpointPolicy(50, 2.0)
+    assert not policy.due_by_time(30.0)  # Ray, the restore, the first step: not counted
+    policy.start(30.0)  # the first step ended
+    policy.start(31.0)  # later steps do not move it
+    assert not policy.due_by_time(31.9) and policy.due_by_time(32.0)
 
 
 def test_an_error_after_a_commit_does_not_end_the_upload_thread(store, tmp_path):
