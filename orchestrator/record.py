@@ -35,10 +35,10 @@ class RunRecord:
     evaluation: dict | None = None  # the newest periodic evaluation: {"step", "metrics"}
     time_to_first_step_s: float | None = None
     wall_s: float | None = None
+    # The one throughput figure (the progress line, run.json, a sweep's report): samples per
+    # second of the current worker group from the end of its first reported step to its newest
+    # one; start-up, restore and the first step's warm-up are left out.
     samples_per_s: float | None = None
-    # The current worker group's rate from the end of its first step to its newest step:
-    # start-up, restore and the first step's warm-up left out (what benchmarks compare).
-    steady_samples_per_s: float | None = None
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     workers: list[dict] = field(default_factory=list)  # the current group: rank, pid, node
@@ -49,7 +49,6 @@ class RunRecord:
     data: dict | None = None
     permanent_error: str | None = None  # the traceback of a failure that repeated
     started_at: float = field(default_factory=time.time)
-    _first_group_at: float | None = None
     _last_step_at: float | None = None
     _steady_from: tuple[float, int] | None = None  # (time, samples) at the group's first step
     _errors: list = field(default_factory=list)  # (worker group index, WorkerError)
@@ -76,7 +75,6 @@ class RunRecord:
                 kind = "resize"
         else:
             self.resumed_from_step = step if step > 0 else None
-            self._first_group_at = at
         self.world_sizes.append({"size": world_size, "step": step, "at_s": round(at - self.started_at, 3)})
         self.steps = step
         self.total_steps = total_steps or self.total_steps
@@ -90,14 +88,13 @@ class RunRecord:
         self.samples += samples
         self.train_metrics = dict(metrics)
         self._last_step_at = at
-        self._update_rate()
         if self._steady_from is None:
             self._steady_from = (at, self.samples)
             if self.world_sizes:  # when the group's first step ended (recovery time)
                 self.world_sizes[-1]["first_step_at_s"] = round(at - self.started_at, 3)
         elif at > self._steady_from[0]:
             rate = (self.samples - self._steady_from[1]) / (at - self._steady_from[0])
-            self.steady_samples_per_s = round(rate, 1)
+            self.samples_per_s = round(rate, 1)
 
     def evaluated(self, step: int, metrics: dict) -> None:
         self.evaluation = {"step": step, "metrics": dict(metrics)}
@@ -167,14 +164,6 @@ class RunRecord:
         self.status = status
         self.error = error
         self.wall_s = round(at - self.started_at, 3)
-        self._update_rate()
-
-    def _update_rate(self) -> None:
-        """samples/s from the first worker group's start to the newest step (kept current
-        while the run goes, so a sweep can compare trials that were stopped early)."""
-        if self._first_group_at is not None and self._last_step_at and self.samples:
-            busy = max(self._last_step_at - self._first_group_at, 1e-9)
-            self.samples_per_s = round(self.samples / busy, 1)
 
     # -- output ------------------------------------------------------------------------
     def to_dict(self) -> dict:

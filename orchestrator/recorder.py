@@ -225,7 +225,7 @@ class RunRecorder:
         """What the driver shows: the count, throughput, and the notices after `cursor`."""
         self._publish()  # the driver polls twice a second: this keeps the gauges fresh
         r = self.record
-        return ProgressState(r.steps, r.total_steps, self._world_size(), self.rate.samples_per_s(),
+        return ProgressState(r.steps, r.total_steps, self._world_size(), r.samples_per_s,
                              self.rate.step_s(), dict(r.train_metrics), self.notices[cursor:],
                              len(self.notices))
 

@@ -69,7 +69,7 @@ def train(work: Path, name: str, data: Path, stream: bool, steps: int, batch: in
     record = read_json(run_dir / "run.json")
     return {"wall_s": round(timed.wall_s, 1),
             "worker_peak_mib": peaks["train_workers_mib"][:2],
-            "steady_samples_per_s": record.get("steady_samples_per_s"),
+            "steady_samples_per_s": record.get("samples_per_s"),
             "data": record.get("data"), "metrics": record.get("metrics")}
 
 

@@ -1,7 +1,7 @@
 """DDP steady-state throughput: the orchestrator against a plain Ray Train TorchTrainer script
 and against torchrun with plain torch.distributed (gloo), the same model, data and per-worker
 batch, interleaved. Steady state: global samples/s from the end of the first step to the end of
-the last one (the orchestrator's `steady_samples_per_s` in run.json), on a run of many steps.
+the last one (the orchestrator's `samples_per_s` in run.json), on a run of many steps.
 Also per CPU-second of the training workers over that window (sampled from /proc): on a
 shared, loaded machine the wall-clock rate mostly measures how often the workers got a core."""
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         timed, watched = run_watched(orchestrator_cmd(run_dir, *orchestrator_overrides(spec)),
                                      work / f"orch-{i}.log", series=True)
         rec = read_json(run_dir / "run.json")
-        first, rate = steady_window_start(rec), rec.get("steady_samples_per_s")
+        first, rate = steady_window_start(rec), rec.get("samples_per_s")
         # The record keeps the rate since the first step; the window's end follows from it.
         last = first + (rec["steps"] - 1) * spec["batch_size"] / rate if first and rate else None
         return {"steady_samples_per_s": rate, "wall_s": timed.wall_s, "steps": rec.get("steps"),

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         cmd[3:3] = ["-cd", str(example / "conf")]
         timed = run_timed(cmd, work / f"orch-{i}.log", env={"PYTHONPATH": str(example)})
         rec = read_json(run_dir / "run.json")
-        rate = rec.get("steady_samples_per_s")
+        rate = rec.get("samples_per_s")
         return {"steady_tokens_per_s": rate * TOKENS_PER_SAMPLE if rate else None,
                 "wall_s": timed.wall_s, "steps": rec.get("steps"),
                 "test_perplexity": rec.get("metrics", {}).get("test_perplexity")}
