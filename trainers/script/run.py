@@ -79,6 +79,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
     watcher = None
     work, ckpt = root / "work", root / "checkpoint_dir"
     if ctx.local_rank == 0:
+        remove_earlier_attempts(root.parent, ctx.run_name)
         make_node_folder(root, Path(trainer["workdir"]), patterns)
         restored = ctx.restore()
         if restored is not None:
@@ -97,8 +98,20 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
         if proc.poll() is None:
             proc.kill()
         ctx.output(proc.take_lines())
-        if ctx.local_rank == 0:
-            shutil.rmtree(root.parent, ignore_errors=True)
+        if ctx.local_rank == 0:  # this node's folder only: nodes may share a /tmp
+            shutil.rmtree(root, ignore_errors=True)
+            try:
+                root.parent.rmdir()  # the attempt's folder, once every node left it
+            except OSError:
+                pass
+
+
+def remove_earlier_attempts(attempt_folder: Path, run_name: str) -> None:
+    """A killed worker leaves its attempt's folder behind (links and snapshot copies); its
+    whole group is gone before a new attempt starts, so the next one removes it."""
+    for folder in attempt_folder.parent.glob(f"{run_name}-*"):
+        if folder != attempt_folder and folder.name[len(run_name) + 1:].isalnum():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def script_env(ctx: WorkerContext, first: dict, trainer: dict, work: Path, ckpt: Path,
