@@ -54,26 +54,21 @@ def run(args: argparse.Namespace, work: Path) -> dict:
                     "steps": rec.get("steps"), "memory": peaks}
         return side
 
-    def ray_train(i: int) -> dict:
-        out = work / f"ray_train-{i}.json"
-        timed, peaks = run_watched([PYTHON, str(BASELINES / "ray_train_ddp.py"),
-                                    "--epochs", str(epochs), "--out", str(out)],
-                                   work / f"ray_train-{i}.log")
-        res = read_json(out)
-        return {"to_exit_s": timed.wall_s,
-                "to_first_step_s": round(res["first_step_at"] - timed.started_at, 3),
-                "steps": res.get("steps"), "memory": peaks}
+    def baseline(name: str, command: list[str]):
+        """A baseline script that writes its first step's time to --out."""
+        def side(i: int) -> dict:
+            out = work / f"{name}-{i}.json"
+            timed, peaks = run_watched([*command, "--epochs", str(epochs), "--out", str(out)],
+                                       work / f"{name}-{i}.log")
+            res = read_json(out)
+            return {"to_exit_s": timed.wall_s,
+                    "to_first_step_s": round(res["first_step_at"] - timed.started_at, 3),
+                    "steps": res.get("steps"), "memory": peaks}
+        return side
 
-    def torchrun(i: int) -> dict:
-        out = work / f"torchrun-{i}.json"
-        timed, peaks = run_watched([PYTHON, "-m", "torch.distributed.run", "--standalone",
-                                    "--nproc-per-node=2", str(BASELINES / "torchrun_ddp.py"),
-                                    "--epochs", str(epochs), "--out", str(out)],
-                                   work / f"torchrun-{i}.log")
-        res = read_json(out)
-        return {"to_exit_s": timed.wall_s,
-                "to_first_step_s": round(res["first_step_at"] - timed.started_at, 3),
-                "steps": res.get("steps"), "memory": peaks}
+    ray_train = baseline("ray_train", [PYTHON, str(BASELINES / "ray_train_ddp.py")])
+    torchrun = baseline("torchrun", [PYTHON, "-m", "torch.distributed.run", "--standalone",
+                                     "--nproc-per-node=2", str(BASELINES / "torchrun_ddp.py")])
 
     sides = {"orchestrator": orchestrated("orchestrator", [], {}), "ray_train": ray_train,
              "torchrun": torchrun}
