@@ -49,7 +49,6 @@ class RunRecord:
     data: dict | None = None
     permanent_error: str | None = None  # the traceback of a failure that repeated
     started_at: float = field(default_factory=time.time)
-    _last_step_at: float | None = None
     _steady_from: tuple[float, int] | None = None  # (time, samples) at the group's first step
     _errors: list = field(default_factory=list)  # (worker group index, WorkerError)
     _group: int = 0  # worker groups seen so far (the first worker of each one counts it)
@@ -87,7 +86,6 @@ class RunRecord:
         self.steps = step
         self.samples += samples
         self.train_metrics = dict(metrics)
-        self._last_step_at = at
         if self._steady_from is None:
             self._steady_from = (at, self.samples)
             if self.world_sizes:  # when the group's first step ended (recovery time)

@@ -159,9 +159,9 @@ class CheckpointWatcher:
     def has_new(self) -> bool:
         return any(p.is_file() for p in self.pending_root.rglob("*"))
 
-    def write_into(self, folder: Path, node_rank: int, everything: bool = True) -> None:
-        """Move the copies aside into ``folder``/node_<n>/, and copy the unchanged files too
-        (``everything``): a checkpoint holds all of the node's files, not only the new ones."""
+    def write_into(self, folder: Path, node_rank: int) -> None:
+        """Move the copies aside into ``folder``/node_<n>/, and copy the unchanged files too:
+        a checkpoint holds all of the node's files, not only the new ones."""
         base = folder / f"node_{node_rank}"
         moved = set()
         for path in sorted(p for p in self.pending_root.rglob("*") if p.is_file()):
@@ -170,15 +170,14 @@ class CheckpointWatcher:
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(path, dest)
             moved.add(name)
-        if everything:
-            for name, sig in list(self.taken.items()):
-                if name in moved:
-                    continue
-                source = self.path_of(name)
-                if signature(source) != sig:
-                    continue  # being rewritten: the older copy is in an older checkpoint
-                dest = base / name
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, dest)
+        for name, sig in list(self.taken.items()):
+            if name in moved:
+                continue
+            source = self.path_of(name)
+            if signature(source) != sig:
+                continue  # being rewritten: the older copy is in an older checkpoint
+            dest = base / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, dest)
         shutil.rmtree(self.pending_root, ignore_errors=True)
         self.pending_root.mkdir(parents=True, exist_ok=True)

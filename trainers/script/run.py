@@ -27,7 +27,13 @@ from pathlib import Path
 from orchestrator.worker_api import WorkerContext, training_function
 from trainers.script.command import cluster_from_command, parse_command
 from trainers.script.config import ScriptConfig, check_script
-from trainers.script.files import CheckpointWatcher, make_node_folder, restore_files
+from trainers.script.files import (
+    CKPT_DIR,
+    WORK,
+    CheckpointWatcher,
+    make_node_folder,
+    restore_files,
+)
 from trainers.script.process import ScriptProcess
 
 CHECK_EVERY = 4  # polls between preemption checks (every rank: a barrier)
@@ -77,10 +83,10 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
     root = (Path(tempfile.gettempdir()) / "orchestrator-script"
             / f"{ctx.run_name}-{first['attempt']}" / f"node_{ctx.node_rank}")
     watcher = None
-    work, ckpt = root / "work", root / "checkpoint_dir"
+    work, ckpt = root / WORK, root / CKPT_DIR  # made by the node's local rank 0
     if ctx.local_rank == 0:
         remove_earlier_attempts(root.parent, ctx.run_name)
-        make_node_folder(root, Path(trainer["workdir"]), patterns)
+        work, ckpt = make_node_folder(root, Path(trainer["workdir"]), patterns)
         restored = ctx.restore()
         if restored is not None:
             restore_files(restored, ctx.node_rank, work, ckpt)
