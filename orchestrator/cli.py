@@ -15,6 +15,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from orchestrator.config.once import one_command
 from orchestrator.config.preflight import check_command_line
 from orchestrator.config.schema import register_configs
 from orchestrator.errors import ConfigError
@@ -59,9 +60,10 @@ def quote_commands(argv: list[str]) -> list[str]:
 
 def main() -> None:
     sys.argv[1:] = quote_commands(sys.argv[1:])
-    try:
-        check_command_line(sys.argv[1:], CONF_DIR)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_code)
-    hydra_app()
+    with one_command():  # the checks below are the launch's too (orchestrator/config/once.py)
+        try:
+            check_command_line(sys.argv[1:], CONF_DIR)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(exc.exit_code)
+        hydra_app()

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from orchestrator.checkpoint.store import CheckpointStore, open_source
+from orchestrator.config.once import decided_once
 from orchestrator.config.schema import Config, DataConfig
-from orchestrator.data.datasets import check_parquet, data_facts, eval_config
+from orchestrator.data.datasets import DataFacts, check_parquet, data_facts, eval_config
 from orchestrator.data.nonfinite import check_finite
 from orchestrator.data.streaming import StreamPlan, plan_stream
 from orchestrator.errors import ConfigError
@@ -43,23 +44,35 @@ def storage_spec(cfg: Config) -> StorageSpec:
 
 
 def complete_data(cfg_node: DictConfig, cfg: Config) -> None:
-    """Fill in data.features, data.outputs and data.task where the config leaves them null,
-    from the data itself (a parquet file's schema and label column), so that the trainer's
-    interpolations (trainer.model.in_features: ${data.features}) resolve to the real shape."""
+    """Check the input data and fill in data.features, data.outputs and data.task where the
+    config leaves them null, from the data itself (a parquet file's schema and label column),
+    so that the trainer's interpolations (trainer.model.in_features: ${data.features})
+    resolve to the real shape. Once per command (orchestrator/config/once.py)."""
     data: DataConfig = cfg.data
-    # Parquet is opened once here, for both: its values are checked whatever the config
-    # says of its shape (a NaN feature makes a NaN loss; orchestrator/data/nonfinite.py).
-    opened = check_parquet(data, storage_spec(cfg)) if data.name == "parquet" else None
-    if opened is not None:
-        check_finite(data, opened)
-    if data.name == "torch" or None not in (data.features, data.outputs, data.task):
+    storage = storage_spec(cfg)
+    keys = [OmegaConf.to_container(cfg_node.data, resolve=True), storage.uri, storage.endpoint]
+    facts = decided_once("data", keys, lambda: checked_data_facts(data, storage))
+    if facts is None:
         return
-    facts = data_facts(data, storage_spec(cfg), opened)
     with open_dict(cfg_node.data):
         for key in ("features", "outputs", "task"):
             if OmegaConf.select(cfg_node, f"data.{key}") is None:
                 cfg_node.data[key] = getattr(facts, key)
                 setattr(data, key, getattr(facts, key))
+
+
+def checked_data_facts(data: DataConfig, storage: StorageSpec) -> DataFacts | None:
+    """Parquet checked (schema; values, whatever the config says of its shape: a NaN feature
+    makes a NaN loss, orchestrator/data/nonfinite.py; data.eval_path likewise), opened once
+    for all of it; then the facts the config leaves out, or None when it gives them all."""
+    opened = check_parquet(data, storage) if data.name == "parquet" else None
+    if opened is not None:
+        check_finite(data, opened)
+        if data.eval_path:
+            check_parquet(eval_config(data), storage, "data.eval_path")
+    if data.name == "torch" or None not in (data.features, data.outputs, data.task):
+        return None
+    return data_facts(data, storage, opened)
 
 
 def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> RunPlan:
@@ -95,10 +108,7 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> 
         resumed = resumed or found
 
     stream = None
-    if cfg.data.name == "parquet":
-        check_parquet(cfg.data, storage)
-        if cfg.data.eval_path:
-            check_parquet(eval_config(cfg.data), storage, "data.eval_path")
+    if cfg.data.name == "parquet":  # checked by complete_data, which ran first
         position = resumed[0].read_manifest(resumed[1]).get("meta", {}).get("data") if resumed else None
         stream = plan_stream(cfg.data, storage, cfg.seed, None if streams else trainer.get("name"),
                              cfg.cluster.workers, trainer.get("batch_size"),

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.backends import Backend, backend_named
+from orchestrator.config.once import decided_once
 from orchestrator.config.schema import require_path_name
 from orchestrator.errors import ConfigError, one_line
 from orchestrator.worker_api import TrainingInfo, training_info
@@ -65,7 +66,13 @@ def check_signature(fn: Callable, path: str) -> None:
 
 def check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None = None) -> Training:
     """The function, its backend, and its config checked against the schema it declares, then
-    by its own check (which sees what the function will: {"trainer": ..., "data": ...})."""
+    by its own check (which sees what the function will: {"trainer": ..., "data": ...}).
+    Once per command: the preflight's answer is the launch's (orchestrator/config/once.py)."""
+    return decided_once("training", [dict(trainer), dict(data or {})],
+                        lambda: _check_training(trainer, data))
+
+
+def _check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None) -> Training:
     path = trainer.get("fn")
     if not isinstance(path, str) or not path.strip():
         raise ConfigError("trainer.fn: a value is required: the import path of your training "

@@ -48,10 +48,10 @@ from orchestrator.data.order import DataOrder, step_seed
 from orchestrator.errors import one_line
 from orchestrator.observe.step_reports import StepReports
 from orchestrator.preemption_checks import PreemptionChecks
+from orchestrator.worker_start import Collective, Start, WorkerSpec
 
 if TYPE_CHECKING:
     from orchestrator.data.datasets import Dataset
-    from orchestrator.worker import Collective, Start, WorkerSpec
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -459,3 +459,38 @@ class WorkerContext:
         if self._reports is not None:
             self._reports.send()
         self._committer.close()
+
+
+class WorkerLifecycle:
+    """The orchestrator's side of one WorkerContext (orchestrator/worker.py): what happens
+    around the training function, which the function itself is not given."""
+
+    def __init__(self, ctx: WorkerContext):
+        self._ctx = ctx
+
+    @property
+    def step(self) -> int:
+        """The last step the function reported done."""
+        return self._ctx._step
+
+    @property
+    def notice(self) -> Any:
+        """The preemption notice every rank agreed on, or None."""
+        return self._ctx._notice
+
+    @property
+    def staging(self) -> Path:
+        """Where this rank's snapshots were written."""
+        return self._ctx._start.staging
+
+    def announce(self) -> None:
+        """Rank 0: tell the recorder this worker group started (once)."""
+        self._ctx._announce()
+
+    def close(self) -> None:
+        """Send the last reports and wait for every upload (rank 0: until committed)."""
+        self._ctx._close()
+
+    def last_checkpoint_missing(self) -> str | None:
+        """After close(), on rank 0: why the newest checkpoint saved is not committed."""
+        return self._ctx._last_checkpoint_missing()

@@ -15,7 +15,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.storage import StorageSpec
 from orchestrator.training_function import check_training
 from orchestrator.worker import WorkerSpec, start_point
-from orchestrator.worker_api import WorkerContext
+from orchestrator.worker_api import WorkerContext, WorkerLifecycle
 
 
 class Recorder:
@@ -78,7 +78,7 @@ def loop(ctx: WorkerContext, until: int) -> list[int]:
             saved.append(step + 1)
         if ctx.should_preempt():
             break
-    ctx._close()
+    WorkerLifecycle(ctx).close()
     return saved
 
 
@@ -103,7 +103,7 @@ def test_a_preemption_notice_saves_at_that_step_and_stops_the_loop(tmp_path):
     # Checks after steps 1, 2 and then as rank 0 proposes: the third check had the notice.
     assert ctx.should_preempt() and len(saved) == 1
     notice_step = recorder.named("preemption_notice")[0][0]
-    assert saved == [notice_step] and ctx._step == notice_step
+    assert saved == [notice_step] and WorkerLifecycle(ctx).step == notice_step
     assert context(tmp_path).start_step == notice_step
 
 
@@ -170,12 +170,14 @@ def test_a_final_checkpoint_that_never_commits_is_not_a_success(tmp_path):
     ctx = context(tmp_path)
     loop(ctx, 10)
     ctx.save(10, lambda d: (d / "state.txt").write_text("10"))
-    ctx._close()
-    assert ctx._last_checkpoint_missing() is None
+    life = WorkerLifecycle(ctx)
+    life.close()
+    assert life.last_checkpoint_missing() is None
 
     ctx = context(tmp_path)  # resumes at 10; its store refuses the next commit
     ctx._store.commit = lambda *a, **k: (_ for _ in ()).throw(OSError("SlowDown: try later"))
     ctx.save(12, lambda d: (d / "state.txt").write_text("12"))
-    ctx._close()
-    assert ctx._last_checkpoint_missing() == (
+    life = WorkerLifecycle(ctx)
+    life.close()
+    assert life.last_checkpoint_missing() == (
         "the checkpoint at step 12 was not committed: SlowDown: try later")

@@ -14,6 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from orchestrator.config.paths import resolve_paths
 from orchestrator.config.typed import first_line, to_typed
 from orchestrator.errors import ConfigError
 
@@ -85,6 +86,8 @@ def check_command_line(argv: list[str], conf_dir: Path) -> int:
         for trial in trials:
             cfg = compose_one(trial + searchpath)
             size_cluster(cfg, cluster_keys_given(trial))
+            to_typed(cfg)  # its errors name the values as the user gave them
+            resolve_paths(cfg, Path.cwd())  # as launch will: its checks are these (once.py)
             check_trainer(cfg, to_typed(cfg), checked)
     return len(trials)
 

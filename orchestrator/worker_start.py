@@ -1,0 +1,106 @@
+"""Where every worker of an attempt starts, decided before the training function runs: the
+frozen WorkerSpec each worker receives, and the checkpoint rank 0 chose (Start). No Ray and
+no framework here: the collective is a protocol (orchestrator/worker.py gives Ray's).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator.checkpoint.store import CheckpointRef, CheckpointStore, open_source
+from orchestrator.config.schema import CheckpointConfig, DataConfig
+from orchestrator.storage import StorageSpec
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    fn: str  # the training function, "module:function"
+    config: dict  # what the function gets as cfg: {"trainer": {...}, "data": {...}}
+    data: DataConfig
+    checkpoint: CheckpointConfig
+    run_storage: StorageSpec  # this run's checkpoint folder
+    resume_source: StorageSpec | None  # resume=<uri>, used while the run has no checkpoint
+    seed: int
+    recorder: Any  # the RunRecorder actor handle
+    preemption_check_s: float = 1.0  # how often the workers agree on preemption notices
+    preemption_wait_s: float = 30.0  # how long to wait for a notice without deadline
+    eval_every_steps: int | None = None  # run.eval_every_steps
+    stream: Any = None  # a StreamPlan where data=parquet is streamed (orchestrator/data/streaming.py)
+    run_name: str = ""
+    max_restarts: int = 0  # failure.max_restarts
+
+
+class Collective(Protocol):
+    def broadcast(self, value: Any) -> Any: ...  # rank 0's value, on every rank
+
+    def preemption_info(self) -> Any: ...  # a barrier; the drain notice, or None
+
+
+@dataclass
+class Start:
+    """Where every worker of this attempt starts: the checkpoint rank 0 chose and verified."""
+
+    attempt: str  # names this worker group's checkpoint parts
+    staging: Path  # where this rank's snapshots are written
+    step: int = 0
+    store: CheckpointStore | None = None
+    ref: CheckpointRef | None = None
+    path: Path | None = None  # rank 0's verified local copy
+    meta: dict = field(default_factory=dict)
+    protect: set[int] = field(default_factory=set)  # never pruned: the run resumes from it
+
+
+def choose_checkpoint(spec: WorkerSpec, cache: Path) -> tuple[dict, Path | None]:
+    """Rank 0: the newest intact checkpoint of this run, else resume=<uri>'s. Corrupt ones are
+    reported and skipped. Returns what the other ranks need to find it, and the local copy."""
+    store = CheckpointStore(spec.run_storage)
+    skipped: list[str] = []
+    found = store.newest_intact(cache, skipped)
+    for reason in skipped:
+        spec.recorder.warning.remote(reason)
+    source = False
+    if found is None and spec.resume_source is not None:
+        opened = open_source(spec.resume_source)
+        if opened is not None:
+            other, ref = opened
+            found, source = (ref, other.fetch(ref, cache)), True
+            store = other
+    if found is None:
+        return {"step": 0}, None
+    ref, path = found
+    manifest = store.read_manifest(ref)
+    meta = manifest.get("meta", {})
+    spec.recorder.note.remote(f"resumed from {ref.uri} (step {ref.step})")
+    if not source:  # its commit's report may have died with the node that committed it
+        nbytes = sum(entry["bytes"] for entry in manifest.get("files", {}).values())
+        spec.recorder.checkpoint_found.remote(ref.step, ref.uri, nbytes)
+    return {"step": ref.step, "source_uri": store.spec.uri if source else None, "meta": meta}, path
+
+
+def start_point(spec: WorkerSpec, rank: int, collective: Collective, workdir: Path) -> Start:
+    """One broadcast: every rank starts from the checkpoint rank 0 chose."""
+    choice, path = (choose_checkpoint(spec, workdir / "restore") if rank == 0 else (None, None))
+    if rank == 0:
+        choice["attempt"] = uuid.uuid4().hex[:10]
+    choice = collective.broadcast(choice)
+    attempt = choice["attempt"]
+    store = CheckpointStore(spec.run_storage)
+    staging = staging_root(store, attempt, rank, workdir)
+    if not choice["step"]:
+        return Start(attempt, staging)
+    if choice.get("source_uri"):
+        store = CheckpointStore(spec.resume_source.sibling(choice["source_uri"]))
+    ref = store.ref(choice["step"])
+    protect = set() if choice.get("source_uri") else {ref.step}
+    return Start(attempt, staging, ref.step, store, ref, path, choice.get("meta", {}), protect)
+
+
+def staging_root(store: CheckpointStore, attempt: str, rank: int, workdir: Path) -> Path:
+    """A local store's snapshots are written next to it (storing them is then a rename);
+    an object store's on this node's disk."""
+    if store.is_local:
+        return Path(store.root) / ".staging" / f"{attempt}-rank_{rank:05d}"
+    return workdir / "staging"
