@@ -18,10 +18,12 @@ def cause_of(exc: BaseException) -> BaseException:
     return exc
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception's message in one line: its first line, and the next one when the first
-    only announces it ("Error loading 'x':")."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+def one_line(exc: BaseException | str) -> str:
+    """An exception's message (or a text) in one line: its first line, and the next one when
+    the first only announces it ("Error loading 'x':"); the exception's type when empty.
+    Every one-line error text is made here."""
+    fallback = type(exc).__name__ if isinstance(exc, BaseException) else "(no message)"
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [fallback]
     return " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 

@@ -16,7 +16,7 @@ from orchestrator.config.schema import Config, DataConfig
 from orchestrator.data.datasets import DataFacts, check_parquet, data_facts, eval_config
 from orchestrator.data.nonfinite import check_finite
 from orchestrator.data.streaming import StreamPlan, plan_stream
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 from orchestrator.storage import Credentials, StorageSpec, absolute
 from orchestrator.storage_check import check_storage, create_bucket
 
@@ -98,7 +98,7 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> 
         try:
             found = open_source(source)
         except OSError as exc:
-            raise ConfigError(f"resume={cfg.resume!r}: cannot read it ({str(exc).splitlines()[0][:200]})") from None
+            raise ConfigError(f"resume={cfg.resume!r}: cannot read it ({one_line(exc)[:200]})") from None
         if found is None:
             raise ConfigError(
                 f"resume={cfg.resume!r}: no committed checkpoint there (expected a step_* "

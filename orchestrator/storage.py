@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -126,5 +126,5 @@ def open_uri(spec: StorageSpec, **s3_options) -> tuple[pafs.FileSystem, str]:
     except Exception as exc:  # pyarrow raises ArrowInvalid and friends for unknown schemes
         raise ConfigError(
             f"storage.uri={uri!r} is not allowed: a directory, s3://bucket/prefix or another "
-            f"URI pyarrow understands ({str(exc).splitlines()[0]})"
+            f"URI pyarrow understands ({one_line(exc)})"
         ) from exc

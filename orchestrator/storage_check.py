@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow.fs as pafs
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 from orchestrator.storage import StorageSpec
 
 _UNREACHABLE = ("curlCode: 7", "curlCode: 28", "Couldn't connect", "Connection refused",
@@ -35,7 +35,7 @@ def check_storage(spec: StorageSpec) -> bool:
                 f"storage: {where} refuses the credentials from AWS_ACCESS_KEY_ID / "
                 "AWS_SECRET_ACCESS_KEY (wrong key or secret, or no access to bucket "
                 f"{spec.bucket!r})") from None
-        raise ConfigError(f"storage.uri={spec.uri!r}: {text.splitlines()[0][:200]}") from None
+        raise ConfigError(f"storage.uri={spec.uri!r}: {one_line(text)[:200]}") from None
     if info.type == pafs.FileType.NotFound:
         if not spec.create_bucket:
             raise ConfigError(

@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 from orchestrator.storage import StorageSpec, join
 from orchestrator.storage_check import _UNREACHABLE
 
@@ -122,7 +122,7 @@ def check_shared_storage(storage: StorageSpec, timeout_s: float = ANSWER_TIMEOUT
             f.write(probe.content)
     except OSError as exc:
         raise ConfigError(f"storage.uri={storage.uri!r}: cannot write there "
-                          f"({str(exc).splitlines()[0][:200]})") from None
+                          f"({one_line(exc)[:200]})") from None
     try:
         answers = ask_nodes(nodes, probe, timeout_s)
     finally:

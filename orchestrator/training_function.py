@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.backends import Backend, backend_named
+from orchestrator.config.messages import composition_error
 from orchestrator.config.once import decided_once
-from orchestrator.config.schema import require_path_name
+from orchestrator.config.rules import require_path_name
 from orchestrator.errors import ConfigError, one_line
 from orchestrator.worker_api import TrainingInfo, training_info
 
@@ -40,7 +41,7 @@ def import_function(path: str) -> Callable:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any error while importing the user's module is input
         raise ConfigError(f"trainer.fn={path!r}: cannot import {module_name} "
-                          f"({type(exc).__name__}: {first_line(exc)})") from exc
+                          f"({type(exc).__name__}: {one_line(exc)[:200]})") from exc
     fn = module
     for part in attr.split("."):
         if not hasattr(fn, part):
@@ -96,8 +97,6 @@ def validated(trainer: dict, schema: type | None) -> dict:
     deleted (~trainer.model.hidden) does not come back from the schema's default."""
     if schema is None:
         return trainer
-    from orchestrator.config.preflight import composition_error
-
     try:
         merged = OmegaConf.structured(schema)
         for key, value in trainer.items():
@@ -115,10 +114,6 @@ def validated(trainer: dict, schema: type | None) -> dict:
             raise cause from None
         raise ConfigError(composition_error(exc, prefix="trainer.")) from None
     return OmegaConf.to_container(merged, resolve=True)
-
-
-def first_line(exc: BaseException) -> str:
-    return one_line(exc)[:200]
 
 
 def size_cluster(cfg_node, given: set[str]) -> None:

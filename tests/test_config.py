@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 
 from orchestrator.cli import CONF_DIR
 from orchestrator.config.preflight import check_command_line, expand_sweep, split_command_line
-from orchestrator.config.schema import require_path_name
+from orchestrator.config.rules import require_path_name
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
 from tests.conftest import CliBatch, run_cli

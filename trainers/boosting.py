@@ -92,7 +92,7 @@ def after_round(ctx, rounds: int, metrics: dict, samples: int, evaluate: Callabl
     return ctx.should_preempt()
 
 
-def first_line(exc: BaseException) -> str:
+def boosting_error_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     # XGBoost and LightGBM put the useful sentence after a location prefix.
     useful = [ln for ln in lines if "rror" in ln or "nknown" in ln or "nvalid" in ln]

@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from orchestrator.config.schema import TrainerConfig, require
+from orchestrator.config.rules import require
+from orchestrator.config.schema import TrainerConfig
 from orchestrator.errors import ConfigError
 
 

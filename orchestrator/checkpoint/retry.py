@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from orchestrator.errors import one_line
+
 T = TypeVar("T")
 log = logging.getLogger("orchestrator.checkpoint")
 
@@ -38,6 +40,6 @@ def with_retries(what: str, operation: Callable[[], T], backoff: Backoff,
             if time.monotonic() - started + delay > backoff.deadline_s:
                 raise
             log.warning("%s failed (attempt %d, retrying in %.1fs): %s", what, attempt, delay,
-                        str(exc).splitlines()[0][:200])
+                        one_line(exc)[:200])
             sleep(delay)
     raise AssertionError("unreachable")

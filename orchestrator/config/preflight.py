@@ -12,11 +12,12 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import OmegaConfBaseException
 
+from orchestrator.config.messages import composition_error
 from orchestrator.config.paths import resolve_paths
-from orchestrator.config.typed import first_line, to_typed
-from orchestrator.errors import ConfigError
+from orchestrator.config.typed import to_typed
+from orchestrator.errors import ConfigError, one_line
 
 # Hydra's flags: those that end the command early, and those that take a value.
 _NOTHING_TO_CHECK = {"-h", "--help", "--hydra-help", "--version", "-i", "--info",
@@ -24,8 +25,6 @@ _NOTHING_TO_CHECK = {"-h", "--help", "--hydra-help", "--version", "-i", "--info"
 _OWN_CONFIG = {"-cp", "--config-path", "-cn", "--config-name"}
 _CONFIG_DIR = {"-cd", "--config-dir"}  # a project's own config folder, searched as well
 _TAKES_VALUE = {"-c", "--cfg", "-p", "--package", "--experimental-rerun"} | _OWN_CONFIG
-_TYPE_NAMES = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false",
-               "String": "a string"}
 
 
 def split_command_line(argv: list[str]) -> tuple[list[str], bool] | None:
@@ -66,7 +65,7 @@ def expand_sweep(overrides: list[str], multirun: bool) -> list[list[str]]:
         try:
             OverridesParser.create().parse_overrides(overrides)
         except OverrideParseException as exc:
-            raise ConfigError(f"cannot parse the overrides: {first_line(exc)}") from exc
+            raise ConfigError(f"cannot parse the overrides: {one_line(exc)}") from exc
         return [overrides]
     return check_values(build_space(overrides, {}))
 
@@ -157,7 +156,7 @@ def compose_one(overrides: list[str], return_hydra_config: bool = False):
     except ConfigCompositionException as exc:
         raise ConfigError(composition_error(exc)) from exc
     except OverrideParseException as exc:
-        raise ConfigError(f"cannot parse the overrides: {first_line(exc)}") from exc
+        raise ConfigError(f"cannot parse the overrides: {one_line(exc)}") from exc
     except OmegaConfBaseException as exc:
         raise ConfigError(composition_error(exc)) from exc
 
@@ -168,39 +167,4 @@ def unknown_option(exc: MissingConfigException, overrides: list[str]) -> str:
     options = sorted(o for o in (exc.options or []) if not o.endswith("_schema"))
     if group and options:
         return f"{group}={choice!r} is not allowed: one of {', '.join(options)}"
-    return first_line(exc)
-
-
-def composition_error(exc: Exception, prefix: str = "") -> str:
-    """One line for an OmegaConf/Hydra error; ``prefix`` names the node the keys are under
-    (``trainer.`` when a trainer's keys are checked against its own schema)."""
-    cause = exc.__cause__ or exc
-    key = getattr(cause, "full_key", None) or getattr(exc, "full_key", None) or _override_key(str(exc))
-    key = f"{prefix}{key}" if key else key
-    if isinstance(cause, ValidationError):
-        value = getattr(cause, "value", None)
-        wanted = _expected_type(str(cause))
-        if wanted:
-            return f"{key}={value!r} is not allowed: {wanted}"
-        return f"{key}: {first_line(cause)}"
-    if isinstance(cause, ConfigKeyError) or "not in struct" in str(cause) or "not in '" in str(cause):
-        return f"{key}: unknown key (see `python -m orchestrator --cfg job` for the keys)"
-    return f"{key}: {first_line(cause)}" if key else first_line(exc)
-
-
-def _override_key(message: str) -> str | None:
-    match = re.search(r"override '([^']+)'", message) or re.search(r"override ([\w.+~/]+)=", message)
-    return match.group(1) if match else None
-
-
-def _expected_type(message: str) -> str | None:
-    match = re.search(r"could not be converted to (\w+)", message)
-    if match:
-        return _TYPE_NAMES.get(match.group(1), match.group(1))
-    if "is not a valid bool" in message:
-        return _TYPE_NAMES["Boolean"]
-    if "Non optional field cannot be assigned None" in message:
-        return "a value (not null)"
-    if re.search(r"Cannot assign \w+ to Dict", message):
-        return "a config node: set its keys (<key>._target_=..., <key>.lr=...)"
-    return None
+    return one_line(exc)

@@ -12,28 +12,11 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from orchestrator.errors import ConfigError
+from orchestrator.config.rules import require, require_path_name
 
 RESUME_MODES = ("auto", "never")
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement strategies
 PROGRESS_MODES = ("auto", "bar", "lines", "off")
-
-
-def require(condition: bool, key: str, value: Any, allowed: str) -> None:
-    if not condition:
-        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
-
-
-PATH_NAME = "a non-empty name without '/', '\\', '..' or control characters"
-
-
-def require_path_name(key: str, value: Any, nullable: bool = False) -> None:
-    """A user-given name that becomes a folder name (run.name, trainer.name,
-    hydra.sweeper.name) stays one folder: ``a/b`` or ``../x`` would write elsewhere."""
-    ok = (isinstance(value, str) and value.strip() != "" and value not in (".", "..")
-          and not any(part in value for part in ("/", "\\", ".."))
-          and all(ord(c) >= 32 and c != "\x7f" for c in value))
-    require(ok, key, value, ("null or " if nullable else "") + PATH_NAME)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from orchestrator.config.schema import Config
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 
 
 def to_typed(cfg: DictConfig) -> Config:
@@ -25,12 +25,7 @@ def to_typed(cfg: DictConfig) -> Config:
         if isinstance(cause, ConfigError):
             raise cause from None
         key = getattr(exc, "full_key", None) or "config"
-        raise ConfigError(f"{key}: {first_line(exc)}") from exc
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        raise ConfigError(f"{key}: {one_line(exc)}") from exc
 
 
 def reject_unknown_keys(node: DictConfig, prefix: str = "") -> None:

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from orchestrator.config.schema import DataConfig
 from orchestrator.data.manifest import check_numeric
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 from orchestrator.storage import StorageSpec
 
 
@@ -145,8 +145,7 @@ def _parquet_dataset(cfg: DataConfig, storage: StorageSpec | None, key: str = "d
     try:
         return pads.dataset(path, filesystem=fs, format="parquet")
     except (FileNotFoundError, OSError, pa.ArrowInvalid) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{key}={cfg.path!r}: no parquet data there ({reason})") from exc
+        raise ConfigError(f"{key}={cfg.path!r}: no parquet data there ({one_line(exc)})") from exc
 
 
 def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None, key: str = "data.path"):

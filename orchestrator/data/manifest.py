@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.p
                 file_schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowInvalid) as exc:
             raise ConfigError(f"{key}={path!r}: {info.path} is not a readable parquet file "
-                              f"({str(exc).splitlines()[0][:160]})") from None
+                              f"({one_line(exc)[:160]})") from None
         if schema is None:
             schema = file_schema
             if label not in schema.names:

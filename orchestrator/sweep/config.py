@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
-from orchestrator.config.schema import require, require_path_name
+from orchestrator.config.rules import require, require_path_name
 
 SEARCHES = ("grid", "random", "optuna")
 SWEEPER_TARGET = "hydra_plugins.orchestrator_sweeper.ray_tune_sweeper.RayTuneSweeper"

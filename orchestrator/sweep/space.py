@@ -13,8 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
 from hydra.errors import OverrideParseException
 
-from orchestrator.config.typed import first_line
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ def parse(line: str) -> Override:
     try:
         return OverridesParser.create().parse_overrides([line])[0]
     except OverrideParseException as exc:
-        raise ConfigError(f"cannot parse {line!r}: {first_line(exc)}") from exc
+        raise ConfigError(f"cannot parse {line!r}: {one_line(exc)}") from exc
 
 
 def dimension(ov: Override) -> Dimension:

@@ -19,7 +19,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.worker_api import WorkerContext, training_function
 from trainers.boosting import (
     after_round,
-    first_line,
+    boosting_error_line,
     native_stderr_silenced,
     test_metrics,
     worker_rows,
@@ -59,7 +59,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
             lgb.train(booster_params(config, classes, 0), lgb.Dataset(x, label=y), num_boost_round=1)
     except lgb.basic.LightGBMError as exc:
         key = "trainer.objective" if config.get("objective") else "trainer.params"
-        raise ConfigError(f"{key}: LightGBM refuses it: {first_line(exc)}") from exc
+        raise ConfigError(f"{key}: LightGBM refuses it: {boosting_error_line(exc)}") from exc
 
 
 @training_function(config=LightGBMConfig, check=check_config, step_unit="round")

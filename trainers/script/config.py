@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.config.schema import TrainerConfig, require
+from orchestrator.config.rules import require
+from orchestrator.config.schema import TrainerConfig
 from orchestrator.errors import ConfigError
 from trainers.script.command import parse_command
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config.schema import TrainerConfig, require
+from orchestrator.config.rules import require
+from orchestrator.config.schema import TrainerConfig
 
 
 @dataclass

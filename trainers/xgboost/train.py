@@ -19,7 +19,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.worker_api import WorkerContext, training_function
 from trainers.boosting import (
     after_round,
-    first_line,
+    boosting_error_line,
     metric_sums,
     metrics_from_sums,
     native_stderr_silenced,
@@ -60,7 +60,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
             xgb.train(booster_params(config, classes, 0), xgb.DMatrix(x, label=y), num_boost_round=1)
     except xgb.core.XGBoostError as exc:
         key = "trainer.objective" if config.get("objective") else "trainer.params"
-        raise ConfigError(f"{key}: XGBoost refuses it: {first_line(exc)}") from exc
+        raise ConfigError(f"{key}: XGBoost refuses it: {boosting_error_line(exc)}") from exc
 
 
 class _EachRound(xgb.callback.TrainingCallback):
