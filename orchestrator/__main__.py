@@ -1,10 +1,12 @@
 import os
 
+from orchestrator.ray_internals.knobs import AUTO_CONNECT
+
 # Never let a Ray call made outside the run's own session (after its shutdown, say) start or
 # join some other cluster: Ray's auto-init would connect to whatever /tmp/ray/ray_current_cluster
 # names (seen: a Ctrl-C during shutdown joined the test suite's shared head, and every later
 # run there failed). Read by Ray when it is first imported.
-os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+os.environ.setdefault(AUTO_CONNECT, "0")
 
 from orchestrator.cli import main  # noqa: E402  (after the variable above)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import uuid
 from pathlib import Path
@@ -22,6 +21,11 @@ from orchestrator.interrupts import DeferredInterrupt
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
 from orchestrator.placement_watch import PlacementWatch
+from orchestrator.ray_internals.train_hooks import (
+    controller_env,
+    interrupted_by_ctrl_c,
+    without_unneeded_actors,
+)
 from orchestrator.ray_session import RaySession
 from orchestrator.record import RunRecord, redact
 from orchestrator.recorder import FaultReporter, start_recorder
@@ -29,7 +33,8 @@ from orchestrator.run_plan import complete_data, make_plan
 from orchestrator.scaling import elastic_controller_env, scaling_kwargs
 from orchestrator.storage_probe import check_cluster_storage
 from orchestrator.training_function import check_training, cluster_keys_given, size_cluster
-from orchestrator.worker import WorkerSpec, train_loop_per_worker
+from orchestrator.worker import train_loop_per_worker
+from orchestrator.worker_start import WorkerSpec
 
 log = logging.getLogger("orchestrator")
 
@@ -155,105 +160,6 @@ def describe_workers(scaling: dict) -> str:
     n = scaling["num_workers"]
     count = f"{n[0]}..{n[1]} workers (elastic)" if isinstance(n, tuple) else f"{n} workers"
     return f"{scaling['resources_per_worker']} * {count}"
-
-
-# How often Ray Train's controller polls the workers (its default: 2 s). The poll is how it
-# learns that training finished or a worker died: each second saved there comes off the end of
-# every run and off every recovery. Set in the environment, the user's value wins.
-POLL_INTERVAL_S = "1"
-
-
-def controller_env(hang_timeout_s: float, backend: Backend) -> dict[str, str]:
-    """Ray Train's own knobs, read by its controller: a silent worker fails after
-    failure.hang_timeout_s (Ray's default is 10 minutes); the workers are polled every
-    POLL_INTERVAL_S; the backend may add some."""
-    return {"RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(hang_timeout_s),
-            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S":
-                os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", POLL_INTERVAL_S),
-            **backend.controller_env}
-
-
-class Controller:
-    """Ray Train's controller actor, once fit() has made it: what the driver may ask of it."""
-
-    def __init__(self) -> None:
-        self.handle = None
-
-    def abort(self, timeout_s: float = 30.0) -> None:
-        """Stop the run's workers and the controller (fit() then raises RayActorError). A
-        controller busy waiting for a placement group does not answer: it is killed."""
-        if self.handle is None or not ray.is_initialized():
-            return
-        try:
-            ray.get(self.handle.abort.remote(), timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            ray.kill(self.handle, no_restart=True)
-        except Exception:  # already gone: the driver goes on anyway
-            pass
-
-    def stop(self) -> None:
-        self.abort(timeout_s=5.0)
-
-
-def interrupted_by_ctrl_c(ray_trainer) -> Controller:
-    """Ray Train 2.60's own SIGINT handler aborts the controller and then exits the driver
-    (with code 1, nothing said, no record finished). Ours aborts it too, then raises
-    KeyboardInterrupt in fit(): the command says what is kept, finishes the run record and
-    exits 130, as for a Ctrl-C at any other moment. A private hook, as above. Returns the
-    controller, known once fit() has made it."""
-    controller = Controller()
-
-    def register(handle) -> None:
-        controller.handle = handle
-
-        def on_sigint(signum, frame):
-            # A second Ctrl-C is Python's plain KeyboardInterrupt.
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            controller.abort()
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGINT, on_sigint)
-
-    ray_trainer._register_sigint_handler = register
-    return controller
-
-
-def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
-    """Ray Train 2.60 starts a helper actor (a process importing Ray: ~2 CPU-seconds and
-    ~170 MiB here) for each of these on every run, needed or not:
-    - DatasetManager, with Ray Datasets or without: the orchestrator's workers load their
-      data themselves and never pass any;
-    - PlacementGroupCleaner, which removes the placement group if the controller dies: on an
-      embedded Ray the whole cluster ends with the command anyway. Where it is kept (joined
-      clusters, sweep trials) it is pinned to this cluster (orchestrator/pg_cleaner.py).
-    A private hook: if a Ray upgrade renames it, nothing changes but the cost."""
-    create = getattr(ray_trainer, "_create_default_callbacks", None)
-    try:
-        from ray.train.v2._internal.callbacks import DatasetsCallback
-        from ray.train.v2._internal.callbacks.placement_group_callback import (
-            PlacementGroupCleanerCallback,
-        )
-
-        from orchestrator.pg_cleaner import PinnedPlacementGroupCleanerCallback
-    except ImportError:
-        return
-    if create is None:
-        return
-    unneeded: tuple[type, ...] = () if getattr(ray_trainer, "datasets", None) else (DatasetsCallback,)
-    if embedded:
-        unneeded += (PlacementGroupCleanerCallback,)
-
-    def adjusted() -> list:
-        callbacks = []
-        for cb in create():
-            if isinstance(cb, unneeded):
-                continue
-            if type(cb) is PlacementGroupCleanerCallback:
-                cb = PinnedPlacementGroupCleanerCallback()
-            callbacks.append(cb)
-        return callbacks
-
-    ray_trainer._create_default_callbacks = adjusted
 
 
 def worker_env(backend: Backend) -> dict[str, str]:

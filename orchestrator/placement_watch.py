@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import ray
 
-from orchestrator.ray_internals import free_resources_per_node
+from orchestrator.ray_internals.cluster import free_resources_per_node
 
 log = logging.getLogger("orchestrator")
 

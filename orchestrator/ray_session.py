@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from pathlib import Path
 
 import ray
 
@@ -14,10 +13,15 @@ from orchestrator.errors import ConfigError
 from orchestrator.interrupts import DeferredInterrupt
 from orchestrator.observe.logs import quiet_ray_loggers, ray_init_kwargs
 from orchestrator.processes import descendants, stop_leftovers
+from orchestrator.ray_internals.cluster import (
+    CURRENT_CLUSTER_FILE,
+    token_auth_enabled,
+    token_location,
+    use_token_auth_if_available,
+)
 
 log = logging.getLogger("orchestrator")
 
-CURRENT_CLUSTER_FILE = Path("/tmp/ray/ray_current_cluster")  # written by `ray start --head`
 PROBE_TIMEOUT_S = 5.0
 LEFTOVER_GRACE_S = 3.0  # an embedded cluster's processes still running after ray.shutdown()
 
@@ -70,15 +74,6 @@ def dashboard_port(wanted: int) -> int:
             log.info("dashboard port %d is taken; using %d", wanted, chosen)
         return chosen
     return wanted
-
-
-def use_token_auth_if_available() -> None:
-    """A head started by `ray start` turns token auth on when a token exists, but in Ray 2.60
-    a driver joining it does not (it retries for ~20 s, then fails): do what the head did.
-    Ray's helper also refreshes its cached config, which setting RAY_AUTH_MODE alone does not."""
-    from ray._private.authentication import authentication_token_setup as auth
-
-    auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 class RaySession:
@@ -167,13 +162,7 @@ class RaySession:
     @staticmethod
     def dashboard_token_hint() -> str:
         """How to sign in to the dashboard: Ray 2.60 turns token authentication on."""
-        from ray._private.authentication.authentication_utils import is_token_auth_enabled
-
-        if not is_token_auth_enabled():
+        if not token_auth_enabled():
             return "no token needed"
-        if os.environ.get("RAY_AUTH_TOKEN"):
-            where = "$RAY_AUTH_TOKEN"
-        else:
-            where = os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token"
-        return f"sign in with the token in {where}, or run `ray get-auth-token`"
+        return f"sign in with the token in {token_location()}, or run `ray get-auth-token`"
 

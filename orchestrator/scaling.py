@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from orchestrator.config.schema import ClusterConfig
+from orchestrator.ray_internals.knobs import WORKER_GROUP_START_TIMEOUT
 
 MIN_CPU_SHARE = 0.01
 
@@ -47,4 +48,4 @@ def elastic_controller_env(cluster: ClusterConfig, hang_timeout_s: float) -> dic
     size has no smaller size to try and keeps Ray's wait."""
     if cluster.min_workers is None or cluster.min_workers >= cluster.workers:
         return {}
-    return {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(hang_timeout_s)}
+    return {WORKER_GROUP_START_TIMEOUT: str(hang_timeout_s)}

@@ -86,7 +86,7 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     from ray import tune
 
     from orchestrator.backends import backend_named
-    from orchestrator.launch import controller_env
+    from orchestrator.ray_internals.train_hooks import controller_env
     from orchestrator.ray_session import RaySession
 
     started = time.time()

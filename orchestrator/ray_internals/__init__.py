@@ -1,0 +1,11 @@
+"""Everything the orchestrator takes from Ray that Ray does not promise to keep, in one place:
+
+- cluster.py: Ray core's private state and token-auth helpers, and the file `ray start`
+  records its address in;
+- train_hooks.py: Ray Train's private trainer hooks (its default callbacks, its SIGINT
+  handler) and the controller's settings made of knobs.py's environment variables;
+- pg_cleaner.py: Ray Train's placement-group cleaner, subclassed to pin it to its cluster.
+
+tests/test_ray_internals.py checks each against the installed Ray (not a stand-in), so a
+Ray upgrade that renames one fails there, naming it.
+"""

@@ -1,0 +1,48 @@
+"""Ray core's private APIs and files the orchestrator leans on, each in one place.
+
+A Ray upgrade may rename any of these; tests/test_ray_internals.py checks each against the
+installed Ray. Where one can fail without costing the run, it degrades to something public.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("orchestrator")
+
+CURRENT_CLUSTER_FILE = Path("/tmp/ray/ray_current_cluster")  # written by `ray start --head`
+
+
+def free_resources_per_node() -> dict[str, dict[str, float]]:
+    """{node id: {resource: amount free now}}; empty if Ray no longer offers it."""
+    try:
+        from ray._private.state import available_resources_per_node
+
+        return dict(available_resources_per_node())
+    except Exception as exc:  # private: a renamed function costs the detail, not the run
+        log.debug("free resources per node unavailable: %s", exc)
+        return {}
+
+
+def use_token_auth_if_available() -> None:
+    """A head started by `ray start` turns token auth on when a token exists, but in Ray 2.60
+    a driver joining it does not (it retries for ~20 s, then fails): do what the head did.
+    Ray's helper also refreshes its cached config, which setting RAY_AUTH_MODE alone does not."""
+    from ray._private.authentication import authentication_token_setup as auth
+
+    auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def token_auth_enabled() -> bool:
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    return bool(is_token_auth_enabled())
+
+
+def token_location() -> str:
+    """Where this driver's Ray token comes from, as a user would name it."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "$RAY_AUTH_TOKEN"
+    return os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token"

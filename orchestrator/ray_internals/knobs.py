@@ -1,0 +1,14 @@
+"""Names of Ray's environment variables the orchestrator sets, which Ray reads but does not
+promise to keep (no Ray import here: the driver's planning uses them too)."""
+
+# The environment variables Ray Train's controller reads that the orchestrator sets (their
+# names live only here; the backends' own, such as TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, are
+# in orchestrator/backends.py, and are checked alike).
+WORKER_HEALTH_CHECK_TIMEOUT = "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S"
+HEALTH_CHECK_INTERVAL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # orchestrator/scaling.py
+ENV_KNOBS = (WORKER_HEALTH_CHECK_TIMEOUT, HEALTH_CHECK_INTERVAL, WORKER_GROUP_START_TIMEOUT)
+
+# Ray core's: set by `python -m orchestrator` before Ray is imported (orchestrator/__main__.py).
+AUTO_CONNECT = "RAY_ENABLE_AUTO_CONNECT"
+CORE_KNOBS = (AUTO_CONNECT,)

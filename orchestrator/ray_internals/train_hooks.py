@@ -1,0 +1,111 @@
+"""Ray Train 2.60's private hooks and environment knobs the driver uses, each with a public
+fallback: a renamed hook costs what it saved, not the run. tests/test_ray_internals.py checks
+every one against the installed Ray, so an upgrade that renames one fails there, by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import ray
+
+from orchestrator.backends import Backend
+from orchestrator.ray_internals.knobs import HEALTH_CHECK_INTERVAL, WORKER_HEALTH_CHECK_TIMEOUT
+
+# How often Ray Train's controller polls the workers (its default: 2 s). The poll is how it
+# learns that training finished or a worker died: each second saved there comes off the end of
+# every run and off every recovery. Set in the environment, the user's value wins.
+POLL_INTERVAL_S = "1"
+
+
+def controller_env(hang_timeout_s: float, backend: Backend) -> dict[str, str]:
+    """Ray Train's own knobs, read by its controller: a silent worker fails after
+    failure.hang_timeout_s (Ray's default is 10 minutes); the workers are polled every
+    POLL_INTERVAL_S; the backend may add some."""
+    return {WORKER_HEALTH_CHECK_TIMEOUT: str(hang_timeout_s),
+            HEALTH_CHECK_INTERVAL: os.environ.get(HEALTH_CHECK_INTERVAL, POLL_INTERVAL_S),
+            **backend.controller_env}
+
+
+class Controller:
+    """Ray Train's controller actor, once fit() has made it: what the driver may ask of it."""
+
+    def __init__(self) -> None:
+        self.handle = None
+
+    def abort(self, timeout_s: float = 30.0) -> None:
+        """Stop the run's workers and the controller (fit() then raises RayActorError). A
+        controller busy waiting for a placement group does not answer: it is killed."""
+        if self.handle is None or not ray.is_initialized():
+            return
+        try:
+            ray.get(self.handle.abort.remote(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self.handle, no_restart=True)
+        except Exception:  # already gone: the driver goes on anyway
+            pass
+
+    def stop(self) -> None:
+        self.abort(timeout_s=5.0)
+
+
+def interrupted_by_ctrl_c(ray_trainer) -> Controller:
+    """Ray Train 2.60's own SIGINT handler aborts the controller and then exits the driver
+    (with code 1, nothing said, no record finished). Ours aborts it too, then raises
+    KeyboardInterrupt in fit(): the command says what is kept, finishes the run record and
+    exits 130, as for a Ctrl-C at any other moment. A private hook, as above. Returns the
+    controller, known once fit() has made it."""
+    controller = Controller()
+
+    def register(handle) -> None:
+        controller.handle = handle
+
+        def on_sigint(signum, frame):
+            # A second Ctrl-C is Python's plain KeyboardInterrupt.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            controller.abort()
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, on_sigint)
+
+    ray_trainer._register_sigint_handler = register
+    return controller
+
+
+def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
+    """Ray Train 2.60 starts a helper actor (a process importing Ray: ~2 CPU-seconds and
+    ~170 MiB here) for each of these on every run, needed or not:
+    - DatasetManager, with Ray Datasets or without: the orchestrator's workers load their
+      data themselves and never pass any;
+    - PlacementGroupCleaner, which removes the placement group if the controller dies: on an
+      embedded Ray the whole cluster ends with the command anyway. Where it is kept (joined
+      clusters, sweep trials) it is pinned to this cluster (ray_internals/pg_cleaner.py).
+    A private hook: if a Ray upgrade renames it, nothing changes but the cost."""
+    create = getattr(ray_trainer, "_create_default_callbacks", None)
+    try:
+        from ray.train.v2._internal.callbacks import DatasetsCallback
+        from ray.train.v2._internal.callbacks.placement_group_callback import (
+            PlacementGroupCleanerCallback,
+        )
+
+        from orchestrator.ray_internals.pg_cleaner import PinnedPlacementGroupCleanerCallback
+    except ImportError:
+        return
+    if create is None:
+        return
+    unneeded: tuple[type, ...] = () if getattr(ray_trainer, "datasets", None) else (DatasetsCallback,)
+    if embedded:
+        unneeded += (PlacementGroupCleanerCallback,)
+
+    def adjusted() -> list:
+        callbacks = []
+        for cb in create():
+            if isinstance(cb, unneeded):
+                continue
+            if type(cb) is PlacementGroupCleanerCallback:
+                cb = PinnedPlacementGroupCleanerCallback()
+            callbacks.append(cb)
+        return callbacks
+
+    ray_trainer._create_default_callbacks = adjusted

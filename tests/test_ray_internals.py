@@ -1,0 +1,160 @@
+"""Ray's private hooks, files and environment variables the orchestrator uses
+(orchestrator/ray_internals/), checked against the installed Ray itself, not a stand-in: a Ray
+upgrade that renames one fails here, naming it, instead of silently costing what it saved."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+
+def real_trainer(**kwargs):
+    from ray.train import ScalingConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    return DataParallelTrainer(lambda config: None, scaling_config=ScalingConfig(num_workers=1),
+                               **kwargs)
+
+
+def test_helper_actors_a_run_does_not_need_are_not_started():
+    """Ray Train's real default callbacks, through the hook: the cleaner and the datasets
+    callback are there before, gone (or pinned) after."""
+    from ray.train.v2._internal.callbacks import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import (
+        PlacementGroupCleanerCallback,
+    )
+
+    from orchestrator.ray_internals.pg_cleaner import PinnedPlacementGroupCleanerCallback
+    from orchestrator.ray_internals.train_hooks import without_unneeded_actors
+
+    def kinds(trainer) -> set[type]:
+        return {type(cb) for cb in trainer._create_default_callbacks()}
+
+    before = kinds(real_trainer())
+    assert {DatasetsCallback, PlacementGroupCleanerCallback} <= before, before
+    embedded = real_trainer()
+    without_unneeded_actors(embedded, embedded=True)
+    after = kinds(embedded)
+    assert not after & {DatasetsCallback, PlacementGroupCleanerCallback,
+                        PinnedPlacementGroupCleanerCallback}, after
+    assert after == before - {DatasetsCallback, PlacementGroupCleanerCallback}  # the rest kept
+    joined = real_trainer()  # a shared cluster keeps its cleaner, pinned to it
+    without_unneeded_actors(joined, embedded=False)
+    assert PinnedPlacementGroupCleanerCallback in kinds(joined)
+    assert PlacementGroupCleanerCallback not in kinds(joined)
+
+
+def test_the_sigint_hook_is_what_fit_calls_with_the_controller():
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from orchestrator.ray_internals.train_hooks import interrupted_by_ctrl_c
+
+    source = inspect.getsource(DataParallelTrainer)
+    assert "self._register_sigint_handler(controller)" in source
+    trainer = real_trainer()
+    controller = interrupted_by_ctrl_c(trainer)
+    assert trainer._register_sigint_handler is not DataParallelTrainer._register_sigint_handler
+    assert controller.handle is None  # known once fit() made it
+
+
+def test_the_placement_group_cleaner_is_created_where_the_pinned_one_replaces_it():
+    from ray.train.v2._internal.callbacks import placement_group_callback
+
+    source = inspect.getsource(placement_group_callback.PlacementGroupCleanerCallback)
+    assert "PlacementGroupCleaner" in source.replace("PlacementGroupCleanerCallback", "")
+    assert hasattr(placement_group_callback, "PlacementGroupCleaner")
+
+
+@pytest.mark.parametrize("names", ["ENV_KNOBS", "CORE_KNOBS"])
+def test_every_environment_variable_set_for_ray_is_one_ray_reads(names):
+    import ray
+
+    from orchestrator.backends import BACKENDS
+    from orchestrator.ray_internals import knobs
+
+    wanted = set(getattr(knobs, names))
+    if names == "ENV_KNOBS":
+        wanted |= {k for b in BACKENDS.values() for k in b.controller_env}
+    root = Path(ray.__file__).parent
+    found = {name for path in root.rglob("*.py") for name in wanted
+             if name in path.read_text(errors="ignore")} if wanted else set()
+    assert found == wanted, wanted - found
+
+
+def test_ray_cores_private_helpers_are_there():
+    from ray._private.authentication import authentication_token_setup
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+    from ray._private.state import available_resources_per_node
+
+    from orchestrator.ray_internals.cluster import token_auth_enabled
+
+    assert callable(authentication_token_setup.maybe_enable_token_auth_if_token_available)
+    assert callable(available_resources_per_node) and callable(is_token_auth_enabled)
+    assert token_auth_enabled() in (True, False)
+
+
+def test_ray_start_records_its_address_where_auto_looks():
+    import ray.scripts.scripts as ray_cli
+
+    from orchestrator.ray_internals.cluster import CURRENT_CLUSTER_FILE
+
+    text = Path(inspect.getsourcefile(ray_cli)).read_text() + "".join(
+        p.read_text(errors="ignore") for p in Path(inspect.getsourcefile(ray_cli)).parents[1]
+        .joinpath("_private").glob("*.py"))
+    assert CURRENT_CLUSTER_FILE.name in text
+
+
+def test_controller_polls_every_second_unless_the_user_says(monkeypatch):
+    from orchestrator.backends import BACKENDS
+    from orchestrator.ray_internals.train_hooks import controller_env
+
+    monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
+    assert controller_env(30.0, BACKENDS["xgboost"])["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "1"
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")
+    env = controller_env(30.0, BACKENDS["torch"])
+    assert env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "2"
+    assert env["TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S"] == "2"  # the torch backend's own
+
+
+def test_the_kept_cleaner_finds_its_own_cluster_and_removes_a_dead_controllers_group(monkeypatch):
+    """Every Ray process here sees RAY_ADDRESS pointing at a dead cluster (what a stale
+    `ray start` record does to the state API): Ray's own cleaner waits for that cluster's GCS
+    and never cleans (this test fails with it); the pinned one asks its own cluster."""
+    import time
+
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+
+    from orchestrator.ray_internals.pg_cleaner import PinnedPlacementGroupCleaner
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # inherited by the raylet's workers
+    # The cleaner asks the state API, which the dashboard serves.
+    ray.init(address="local", num_cpus=1, include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=0)
+    try:
+        @ray.remote(num_cpus=0)
+        class Controller:
+            def ping(self) -> int:
+                return 1
+
+        controller = Controller.remote()
+        ray.get(controller.ping.remote())
+        group = placement_group([{"CPU": 1}])
+        ray.get(group.ready(), timeout=30)
+        cleaner = ray.remote(num_cpus=0)(PinnedPlacementGroupCleaner).options(
+            lifetime="detached").remote(controller_actor_id=controller._actor_id.hex(),
+                                        check_interval_s=0.2, get_actor_timeout_s=5,
+                                        stop_timeout=10)
+        ray.get(cleaner.register_placement_group.remote(group))
+        cleaner.start_monitoring.remote()
+        time.sleep(1.5)
+        assert placement_group_table(group)["state"] == "CREATED"  # its controller lives
+        ray.kill(controller)
+        deadline = time.time() + 20
+        while time.time() < deadline and placement_group_table(group)["state"] != "REMOVED":
+            time.sleep(0.2)
+        assert placement_group_table(group)["state"] == "REMOVED"
+    finally:
+        ray.shutdown()
