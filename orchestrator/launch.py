@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
@@ -15,6 +16,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from orchestrator.backends import Backend, check_cluster
 from orchestrator.config.paths import resolve_paths
+from orchestrator.config.schema import Config
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
 from orchestrator.interrupts import DeferredInterrupt
@@ -23,16 +25,22 @@ from orchestrator.observe.progress import ProgressWatcher, make_display, metric_
 from orchestrator.placement_watch import PlacementWatch
 from orchestrator.ray_internals.train_hooks import (
     controller_env,
+    hooks_missing,
     interrupted_by_ctrl_c,
     without_unneeded_actors,
 )
 from orchestrator.ray_session import RaySession
 from orchestrator.record import RunRecord, redact
 from orchestrator.recorder import FaultReporter, start_recorder
-from orchestrator.run_plan import complete_data, make_plan
+from orchestrator.run_plan import RunPlan, complete_data, make_plan
 from orchestrator.scaling import elastic_controller_env, scaling_kwargs
 from orchestrator.storage_probe import check_cluster_storage
-from orchestrator.training_function import check_training, cluster_keys_given, size_cluster
+from orchestrator.training_function import (
+    Training,
+    check_training,
+    cluster_keys_given,
+    size_cluster,
+)
 from orchestrator.worker import train_loop_per_worker
 from orchestrator.worker_start import WorkerSpec
 
@@ -44,98 +52,50 @@ def input_error(exc: ConfigError) -> int:
     return exc.exit_code
 
 
+@dataclass(frozen=True)
+class CheckedRun:
+    """A command's config, checked (the preflight's answers: orchestrator/config/once.py)."""
+
+    cfg: Config
+    training: Training
+    data: dict  # cfg.data as the training function gets it
+    plan: RunPlan
+
+
+def checked_run(cfg_node: DictConfig) -> CheckedRun:
+    """Every input check a run makes before Ray starts; ConfigError (exit 2) on the first."""
+    size_cluster(cfg_node, cluster_keys_given())
+    cfg = to_typed(cfg_node)
+    complete_data(cfg_node, cfg)
+    data = OmegaConf.to_container(cfg_node.data, resolve=True)
+    training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True), data)
+    check_cluster(training.backend, cfg.cluster.gpus_per_worker)
+    return CheckedRun(cfg, training, data,
+                      make_plan(cfg, training.config, data, training.info.streams))
+
+
 def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     """Run one job; return its exit code (0 ok, 1 training failed, 2 bad input)."""
     resolve_paths(cfg_node, Path.cwd())  # a sweep's trial had them resolved by its driver
     try:
-        size_cluster(cfg_node, cluster_keys_given())
-        cfg = to_typed(cfg_node)
-        complete_data(cfg_node, cfg)
-        data_cfg = OmegaConf.to_container(cfg_node.data, resolve=True)
-        training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True), data_cfg)
-        check_cluster(training.backend, cfg.cluster.gpus_per_worker)
-        plan = make_plan(cfg, training.config, data_cfg, training.info.streams)
+        run = checked_run(cfg_node)
     except ConfigError as exc:
         return input_error(exc)
-
-    config = redact({**OmegaConf.to_container(cfg_node, resolve=True), "trainer": training.config})
-    record = RunRecord(plan.run_name, training.config.get("name") or training.path, config,
-                       plan.run_storage.uri, started_at=started_at)
-    record_path = output_dir / "run.json"
-    tensorboard_dir = output_dir / "tensorboard" if cfg.log.tensorboard else None
+    cfg, record_path = run.cfg, output_dir / "run.json"
     winding_down = DeferredInterrupt()  # armed once fit() returns (orchestrator/interrupts.py)
     try:
         # An elastic job gives up on a placement group Ray's stale view promised after the hang
         # timeout, not 60 s (orchestrator/scaling.py: a partitioned node's CPUs look free).
-        env = {**controller_env(cfg.failure.hang_timeout_s, training.backend),
+        env = {**controller_env(cfg.failure.hang_timeout_s, run.training.backend),
                **elastic_controller_env(cfg.cluster, cfg.failure.hang_timeout_s)}
         with RaySession(cfg.cluster, env, cfg.log.ray_verbose) as session:
             # Shared storage (orchestrator/storage_probe.py): on a joined cluster every node
             # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
             # the marker lets each worker check its own node, nodes joining later included.
-            storage_marker = check_cluster_storage(plan, joined=session.joined)
-            if session.dashboard_url:
-                log.info("Ray dashboard: %s (%s)", session.dashboard_url,
-                         session.dashboard_token_hint())
-            metrics_url = session.metrics_url() if cfg.log.metrics else None
-            if metrics_url:
-                log.info("metrics: %s (orchestrator_* series, Prometheus format)", metrics_url)
-            where = f"resuming at step {plan.resume_step}" if plan.resume_step else "from scratch"
-            log.info("run %s: %s, checkpoints in %s", plan.run_name, where, plan.run_storage.uri)
-            log.info("run record: %s", record_path)
-            if tensorboard_dir:
-                log.info("TensorBoard: tensorboard --logdir %s", tensorboard_dir)
-            recorder = start_recorder(str(record_path), record,
-                                      str(tensorboard_dir) if tensorboard_dir else None,
-                                      cfg.log.metrics)
-            spec = WorkerSpec(training.path, {"trainer": training.config, "data": data_cfg},
-                              cfg.data, cfg.checkpoint, plan.run_storage, plan.resume_source,
-                              cfg.seed, recorder, cfg.failure.preemption_check_s,
-                              cfg.failure.hang_timeout_s, eval_every_steps=cfg.run.eval_every_steps,
-                              stream=plan.stream, run_name=plan.run_name,
-                              max_restarts=cfg.failure.max_restarts)
-            scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
-            scaling = ScalingConfig(**scaling_args)
-            log.info("asking Ray for %s", describe_workers(scaling_args))
-            run_config = RunConfig(
-                name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
-                storage_path=str(output_dir / "ray_train"),
-                failure_config=FailureConfig(max_failures=cfg.failure.max_restarts,
-                                             max_preemption_failures=cfg.failure.max_preemptions),
-                worker_runtime_env={"env_vars": worker_env(training.backend)},
-                logging_config=train_logging(cfg.log.ray_verbose),
-                callbacks=[FaultReporter(recorder)],
-            )
-            ray_trainer = DataParallelTrainer(
-                train_loop_per_worker,
-                train_loop_config={"spec": spec, "storage_marker": storage_marker},
-                backend_config=training.backend.ray_config(cfg.failure.hang_timeout_s,
-                                                           cfg.cluster.gpus_per_worker > 0),
-                scaling_config=scaling,
-                run_config=run_config,
-            )
-            # A sweep's trial (a reused session) keeps the cleaner: an early-stopped trial's
-            # workers must give their CPUs back to the next trials.
-            without_unneeded_actors(ray_trainer,
-                                    embedded=not session.joined and not session.reused)
-            controller = interrupted_by_ctrl_c(ray_trainer)
-            display = make_display(cfg.log.progress, training.info.step_unit,
-                                   cfg.log.progress_every_s)
-            watch = PlacementWatch(lambda: ray.get(recorder.waiting_s.remote(), timeout=30),
-                                   cfg.cluster.placement_timeout_s,
-                                   describe_workers(scaling_args), controller.stop)
-            with ProgressWatcher(snapshots(recorder), display), watch:
-                code, status, error = run_to_end(ray_trainer, winding_down,
-                                                 bool(plan.resume_step), recorder)
-            if watch.reason:
-                code, status, error = 1, "failed", watch.reason
-            permanent = ray.get(recorder.permanent_error.remote())
-            if permanent:
-                code, status, error = 1, "failed", permanent
-                print(f"error: training failed permanently (the same error repeated after a "
-                      f"restart), {permanent}", file=sys.stderr, flush=True)
-            elif code == 1:
-                print(f"error: {error}", file=sys.stderr, flush=True)
+            storage_marker = check_cluster_storage(run.plan, joined=session.joined)
+            recorder = open_record(run, cfg_node, session, output_dir, started_at)
+            code, status, error = train(run, session, recorder, output_dir, storage_marker,
+                                        winding_down)
             final = ray.get(recorder.finish.remote(status, error))
     except ConfigError as exc:
         return input_error(exc)
@@ -146,6 +106,94 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
         log.warning("interrupted while shutting down, after the run %s", final["status"])
         code = 130
     return code
+
+
+def open_record(run: CheckedRun, cfg_node: DictConfig, session: RaySession, output_dir: Path,
+                started_at: float):
+    """Say where everything is, and start the run's recorder actor (run.json, TensorBoard,
+    metrics)."""
+    cfg, plan = run.cfg, run.plan
+    record_path = output_dir / "run.json"
+    tensorboard_dir = output_dir / "tensorboard" if cfg.log.tensorboard else None
+    if session.dashboard_url:
+        log.info("Ray dashboard: %s (%s)", session.dashboard_url, session.dashboard_token_hint())
+    metrics_url = session.metrics_url() if cfg.log.metrics else None
+    if metrics_url:
+        log.info("metrics: %s (orchestrator_* series, Prometheus format)", metrics_url)
+    where = f"resuming at step {plan.resume_step}" if plan.resume_step else "from scratch"
+    log.info("run %s: %s, checkpoints in %s", plan.run_name, where, plan.run_storage.uri)
+    log.info("run record: %s", record_path)
+    if tensorboard_dir:
+        log.info("TensorBoard: tensorboard --logdir %s", tensorboard_dir)
+    trainer = run.training.config
+    config = redact({**OmegaConf.to_container(cfg_node, resolve=True), "trainer": trainer})
+    record = RunRecord(plan.run_name, trainer.get("name") or run.training.path, config,
+                       plan.run_storage.uri, started_at=started_at)
+    return start_recorder(str(record_path), record,
+                          str(tensorboard_dir) if tensorboard_dir else None, cfg.log.metrics)
+
+
+def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, storage_marker,
+          winding_down: DeferredInterrupt) -> tuple[int, str, str | None]:
+    """Ray Train's fit() with the progress display and the placement watch: (exit code,
+    status, error)."""
+    cfg = run.cfg
+    scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
+    log.info("asking Ray for %s", describe_workers(scaling_args))
+    ray_trainer = ray_trainer_for(run, ScalingConfig(**scaling_args), recorder, output_dir,
+                                  storage_marker)
+    # A sweep's trial (a reused session) keeps the cleaner: an early-stopped trial's
+    # workers must give their CPUs back to the next trials.
+    without_unneeded_actors(ray_trainer, embedded=not session.joined and not session.reused)
+    controller = interrupted_by_ctrl_c(ray_trainer)
+    for problem in hooks_missing(ray_trainer):  # after a Ray upgrade (ray_internals/)
+        log.warning("%s", problem)
+        recorder.warning.remote(problem)
+    display = make_display(cfg.log.progress, run.training.info.step_unit, cfg.log.progress_every_s)
+    watch = PlacementWatch(lambda: ray.get(recorder.waiting_s.remote(), timeout=30),
+                           cfg.cluster.placement_timeout_s, describe_workers(scaling_args),
+                           controller.stop)
+    with ProgressWatcher(snapshots(recorder), display), watch:
+        code, status, error = run_to_end(ray_trainer, winding_down, bool(run.plan.resume_step),
+                                         recorder)
+    if watch.reason:
+        code, status, error = 1, "failed", watch.reason
+    permanent = ray.get(recorder.permanent_error.remote())
+    if permanent:
+        code, status, error = 1, "failed", permanent
+        print(f"error: training failed permanently (the same error repeated after a "
+              f"restart), {permanent}", file=sys.stderr, flush=True)
+    elif code == 1:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+    return code, status, error
+
+
+def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_dir: Path,
+                    storage_marker) -> DataParallelTrainer:
+    cfg, plan, training = run.cfg, run.plan, run.training
+    spec = WorkerSpec(training.path, {"trainer": training.config, "data": run.data},
+                      cfg.data, cfg.checkpoint, plan.run_storage, plan.resume_source,
+                      cfg.seed, recorder, cfg.failure.preemption_check_s,
+                      cfg.failure.hang_timeout_s, eval_every_steps=cfg.run.eval_every_steps,
+                      stream=plan.stream, run_name=plan.run_name,
+                      max_restarts=cfg.failure.max_restarts)
+    run_config = RunConfig(
+        name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
+        storage_path=str(output_dir / "ray_train"),
+        failure_config=FailureConfig(max_failures=cfg.failure.max_restarts,
+                                     max_preemption_failures=cfg.failure.max_preemptions),
+        worker_runtime_env={"env_vars": worker_env(training.backend)},
+        logging_config=train_logging(cfg.log.ray_verbose),
+        callbacks=[FaultReporter(recorder)],
+    )
+    return DataParallelTrainer(
+        train_loop_per_worker,
+        train_loop_config={"spec": spec, "storage_marker": storage_marker},
+        backend_config=training.backend.ray_config(cfg.failure.hang_timeout_s,
+                                                   cfg.cluster.gpus_per_worker > 0),
+        scaling_config=scaling,
+        run_config=run_config,
+    )
 
 
 def snapshots(recorder):

@@ -215,13 +215,16 @@ def bad_inputs(tmp_path_factory):
     return CliBatch(base, {
         "data.path": ["data=parquet", f"data.path={base / 'nope.parquet'}"],
         "resume": [f"resume={empty}"],
-        "cluster.address": [f"cluster.address=127.0.0.1:{free_port()}"],
+        # A function whose driver-side check counts its calls: the address is asked after
+        # every check passed, and each check ran once for the command.
+        "cluster.address": [f"cluster.address=127.0.0.1:{free_port()}", "trainer=function",
+                            "trainer.fn=tests.user_trainers:counts_its_checks"],
         "label": ["trainer=xgboost", "data=parquet", f"data.path={base / 'no_label.parquet'}",
                   "data.label=label"],
         "colour": ["trainer=lightgbm", "data=parquet", f"data.path={base / 'colour.parquet'}"],
         "nan": ["data=parquet", f"data.path={base / 'nan.parquet'}", "data.label=y",
                 "data.task=regression"],
-    })
+    }, env={"CHECK_COUNT_FILE": str(base / "checks")})
 
 
 def test_cli_rejects_missing_data_path(bad_inputs):
@@ -239,6 +242,8 @@ def test_cli_rejects_unanswered_cluster_address(bad_inputs):
     assert_input_error(bad_inputs.result("cluster.address"), "cluster.address")
     bad_inputs.result("data.path")
     assert bad_inputs.seconds["cluster.address"] < bad_inputs.seconds["data.path"] + 15
+    # The preflight and the launch both check the function: its check ran once.
+    assert (bad_inputs.base / "checks").read_text() == "checked\n"
 
 
 def test_cli_shows_composed_config(tmp_path):

@@ -158,3 +158,16 @@ def test_the_kept_cleaner_finds_its_own_cluster_and_removes_a_dead_controllers_g
         assert placement_group_table(group)["state"] == "REMOVED"
     finally:
         ray.shutdown()
+
+
+def test_a_run_says_which_hook_a_ray_upgrade_took_away():
+    from orchestrator.ray_internals.train_hooks import hooks_missing
+
+    assert hooks_missing(real_trainer()) == []  # the installed Ray has every one
+
+    class Renamed:  # what a trainer class without the hooks would be
+        pass
+
+    missing = hooks_missing(Renamed())
+    assert [m.split(" (")[1].split(")")[0] for m in missing] == [
+        "_register_sigint_handler", "_create_default_callbacks"]

@@ -67,3 +67,13 @@ def test_the_core_imports_no_trainer_and_no_framework():
     wrong = {module: sorted(i for i in imported if i.split(".")[0] in FRAMEWORKS)
              for module, imported in core_imports().items()}
     assert {m: i for m, i in wrong.items() if i} == {}
+
+
+def test_no_function_in_the_core_is_longer_than_a_screen():
+    long = []
+    for path in (REPO / "orchestrator").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.end_lineno - node.lineno + 1 > 60:
+                long.append(f"{path.relative_to(REPO)}:{node.name}")
+    assert long == []

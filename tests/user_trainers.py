@@ -86,3 +86,15 @@ def takes_one_argument(ctx):
 
 
 NOT_A_FUNCTION = 42
+
+
+def _count_the_check(cfg):
+    """Appends a line to $CHECK_COUNT_FILE each time the driver checks the function."""
+    with open(os.environ["CHECK_COUNT_FILE"], "a") as out:
+        out.write("checked\n")
+
+
+@training_function(check=_count_the_check)
+def counts_its_checks(ctx, cfg):
+    """A function whose driver-side check (a user's trial of their parts) counts its calls."""
+    return None

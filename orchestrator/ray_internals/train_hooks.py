@@ -109,3 +109,25 @@ def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
         return callbacks
 
     ray_trainer._create_default_callbacks = adjusted
+
+
+def hooks_missing(ray_trainer) -> list[str]:
+    """What a Ray upgrade took away from the hooks above, one line each (the run goes on
+    without what the hook gave): said once by the driver, and kept in run.json's warnings."""
+    missing = []
+    trainer_class = type(ray_trainer)
+    if not callable(getattr(trainer_class, "_register_sigint_handler", None)):
+        missing.append("Ray Train's SIGINT hook (_register_sigint_handler) is gone: a Ctrl-C "
+                       "stops the run without finishing run.json")
+    try:
+        from ray.train.v2._internal.callbacks import DatasetsCallback  # noqa: F401
+        from ray.train.v2._internal.callbacks.placement_group_callback import (  # noqa: F401
+            PlacementGroupCleanerCallback,
+        )
+        usable = callable(getattr(trainer_class, "_create_default_callbacks", None))
+    except ImportError:
+        usable = False
+    if not usable:
+        missing.append("Ray Train's default-callback hook (_create_default_callbacks) is gone: "
+                       "its DatasetManager and PlacementGroupCleaner actors start on every run")
+    return missing

@@ -83,7 +83,6 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
               arguments: list[str]) -> int:
     """Run every trial; return the exit code (0 when no trial failed)."""
     from hydra.core.singleton import Singleton
-    from ray import tune
 
     from orchestrator.backends import backend_named
     from orchestrator.ray_internals.train_hooks import controller_env
@@ -118,31 +117,7 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
                            name, conf.metric, budget,
                            run_name=config.run.name or name, command_dir=os.getcwd(),
                            metric_required=needs_metric(conf))
-        trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx),
-                                        {"CPU": 0, f"node:{node_ip()}": 0.001})
-        tune_path = sweep_dir / TUNE_DIR
-        if tune.Tuner.can_restore(str(tune_path)):
-            log.info("sweep %s: resuming in %s (finished trials are not run again)", name, sweep_dir)
-            # resume_errored keeps the trial id, hence its directory and checkpoints (restart_errored
-            # would make a new trial).
-            tuner = tune.Tuner.restore(str(tune_path), trainable, resume_errored=True)
-        else:
-            log.info("sweep %s: %s trials, %d at a time, in %s", name, grid, at_once, sweep_dir)
-            tuner = tune.Tuner(
-                trainable,
-                param_space=tune_space(space, conf.search),
-                tune_config=tune.TuneConfig(
-                    # Only a search or a scheduler that compares trials needs the metric from
-                    # every trial; the sweep picks its best itself, among those that report it.
-                    metric=conf.metric if needs_metric(conf) else None,
-                    mode=conf.mode if needs_metric(conf) else None,
-                    num_samples=conf.num_samples,
-                    search_alg=search_algorithm(conf, int(config.get("seed", 0)), at_once),
-                    scheduler=scheduler(conf),
-                    max_concurrent_trials=at_once if conf.search == "optuna" else None,
-                    trial_dirname_creator=lambda trial: trial.trial_id),
-                run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0),
-            )
+        tuner = make_tuner(conf, ctx, sweep_dir, grid, at_once, int(config.get("seed", 0)))
         with StopOnCtrlC() as ctrl_c:
             results = tuner.fit()
         rows = [trial_row(r, space, cluster.workers, ctrl_c.seen) for r in results]
@@ -156,6 +131,38 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
                     "rest, each from its newest checkpoint", name)
         return 130
     return 1 if failed else 0
+
+
+def make_tuner(conf: RayTuneSweeperConf, ctx: TrialContext, sweep_dir: Path, grid: int,
+               at_once: int, seed: int):
+    """A new Tune run of the sweep's trials, or the one this sweep folder holds, restored."""
+    from ray import tune
+
+    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx),
+                                    {"CPU": 0, f"node:{node_ip()}": 0.001})
+    tune_path = sweep_dir / TUNE_DIR
+    if tune.Tuner.can_restore(str(tune_path)):
+        log.info("sweep %s: resuming in %s (finished trials are not run again)", ctx.sweep_name,
+                 sweep_dir)
+        # resume_errored keeps the trial id, hence its directory and checkpoints (restart_errored
+        # would make a new trial).
+        return tune.Tuner.restore(str(tune_path), trainable, resume_errored=True)
+    log.info("sweep %s: %s trials, %d at a time, in %s", ctx.sweep_name, grid, at_once, sweep_dir)
+    return tune.Tuner(
+        trainable,
+        param_space=tune_space(ctx.space, conf.search),
+        tune_config=tune.TuneConfig(
+            # Only a search or a scheduler that compares trials needs the metric from every
+            # trial; the sweep picks its best itself, among those that report it.
+            metric=conf.metric if needs_metric(conf) else None,
+            mode=conf.mode if needs_metric(conf) else None,
+            num_samples=conf.num_samples,
+            search_alg=search_algorithm(conf, seed, at_once),
+            scheduler=scheduler(conf),
+            max_concurrent_trials=at_once if conf.search == "optuna" else None,
+            trial_dirname_creator=lambda trial: trial.trial_id),
+        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0),
+    )
 
 
 def needs_metric(conf: RayTuneSweeperConf) -> bool:
