@@ -1,4 +1,6 @@
-"""Shared fixtures: the command line as a subprocess, and one real Ray head per test module."""
+"""Shared fixtures: the command line as a subprocess, one real Ray head for the session
+(replaced after a test that used it failed), one S3 server for the session. Helpers more
+than one module uses are in tests/helpers.py."""
 
 from __future__ import annotations
 

@@ -3,11 +3,9 @@ multi-writer protocol (every rank's part, manifest last); the checkpoint policy.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from concurrent.futures import Future
-from pathlib import Path
 
 import pytest
 
@@ -23,16 +21,14 @@ from orchestrator.checkpoint.store import (
     open_source,
     step_dir,
 )
-from orchestrator.storage import StorageSpec, join
-
-
-def load_newest_intact(store: CheckpointStore, tmp_path: Path, skipped=None):
-    found = store.newest_intact(tmp_path / "cache", skipped)
-    if found is None:
-        return None
-    ref, folder = found
-    manifest = json.loads((folder / MANIFEST).read_text())
-    return ref, {name: (folder / name).read_bytes() for name in manifest["files"]}, manifest["meta"]
+from orchestrator.storage import StorageSpec
+from tests.helpers import (
+    assert_planted_one_refused,
+    bad_names,
+    load_newest_intact,
+    plant_manifest,
+    rank_folder,
+)
 
 
 @pytest.fixture
@@ -89,15 +85,6 @@ def test_resume_source_is_a_checkpoint_or_a_run_folder(store, tmp_path):
     assert open_source(run)[1].step == 20
     assert open_source(run.child(step_dir(10)))[1].step == 10
     assert open_source(StorageSpec(str(tmp_path / "elsewhere"))) is None
-
-
-def rank_folder(tmp_path: Path, rank: int, files: dict[str, bytes]) -> Path:
-    folder = tmp_path / f"snapshot-rank{rank}"
-    folder.mkdir(parents=True)
-    for name, data in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(data)
-    return folder
 
 
 def test_every_ranks_part_is_committed_together_manifest_last(store, tmp_path):
@@ -195,41 +182,6 @@ def test_a_corrupt_rank_file_makes_the_loader_fall_back(store, tmp_path):
 
 
 # -- a checkpoint planted by someone who can write the storage ------------------------------
-
-def plant_manifest(store: CheckpointStore, step: int, name: str, data: bytes = b"owned") -> None:
-    """A committed checkpoint at ``step`` whose manifest also lists ``name``, its size and hash
-    right (what anyone able to write the bucket or folder could publish). In an object store
-    the object is put where a download would read it, when the store takes such a key."""
-    store.save(step, {"a": b"newer"})
-    ref = store.ref(step)
-    with store.fs.open_input_stream(join(ref.path, MANIFEST)) as f:
-        manifest = json.loads(f.read())
-    manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                               "rank": 0}
-    with store.fs.open_output_stream(join(ref.path, MANIFEST)) as f:
-        f.write(json.dumps(manifest).encode())
-    if store.is_local:
-        return  # a local folder's files are read where they are, never copied
-    try:
-        with store.fs.open_output_stream(join(ref.path, name)) as f:
-            f.write(data)
-    except (OSError, ValueError):
-        pass  # a store that refuses the key: the manifest alone is the attack
-
-
-def bad_names(tmp_path: Path) -> dict[str, str]:
-    """Names that would land in tmp_path/outside: absolute, and '..' from a step folder (the
-    local store's, or the download cache's, both two levels below tmp_path)."""
-    return {"absolute": str(tmp_path / "outside" / "evil.pth"),
-            "dotdot": "../../outside/evil.pth"}
-
-
-def assert_planted_one_refused(store: CheckpointStore, tmp_path: Path, name: str) -> None:
-    skipped: list[str] = []
-    ref, files, _ = load_newest_intact(store, tmp_path, skipped)
-    assert ref.step == 10 and files == {"a": b"good"}
-    assert not (tmp_path / "outside").exists()
-    assert len(skipped) == 1 and step_dir(20) in skipped[0] and repr(name) in skipped[0], skipped
 
 
 @pytest.mark.parametrize("kind", ["absolute", "dotdot"])

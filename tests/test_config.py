@@ -11,6 +11,7 @@ from orchestrator.config.rules import require_path_name
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
 from tests.conftest import CliBatch, run_cli
+from tests.helpers import assert_input_error
 
 GROUP_OPTIONS = {
     group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
@@ -110,15 +111,6 @@ def test_user_model_keys_are_free_form():
 
 
 # -- the command line, end to end, for input that must stop before any worker starts -------
-
-def assert_input_error(result, key: str, storage=None):
-    lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
-    assert result.returncode == 2, result.output[-3000:]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ") and key in lines[0], lines[0]
-    assert "Started a local Ray" not in result.output and "RayTrainWorker" not in result.output
-    if storage is not None:
-        assert not storage.exists() or not any(storage.rglob("*")), "storage was written"
 
 
 # A group option, a check across keys, an unknown key: the CLI's path from Hydra's composition

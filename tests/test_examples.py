@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, run_cli
-from tests.test_sweep import record, sweep
+from tests.helpers import sweep, sweep_record
 
 pytestmark = pytest.mark.slow
 EXAMPLES = REPO / "examples"
@@ -54,7 +54,7 @@ def test_a_regression_project_outside_the_repo_sweeps_its_own_keyword(ray_head, 
                  "hydra.sweeper.metric=test_r2", address=ray_head.address,
                  flags=("-cd", "conf"), cwd=project)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = record(out)["trials"]
+    rows = sweep_record(out)["trials"]
     assert sorted(r["overrides"][0] for r in rows) == ["trainer.model.width=16",
                                                        "trainer.model.width=64"]
     for row in rows:  # measured in one process: R^2 0.48 (width 16), 0.45 (64); linear ~0.45

@@ -13,14 +13,14 @@ from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
 from orchestrator.storage import Credentials, StorageSpec
 from tests.conftest import CliBatch, free_port, run_cli
-from tests.test_checkpoint_store import (
+from tests.helpers import (
+    assert_input_error,
     assert_planted_one_refused,
     bad_names,
     load_newest_intact,
     plant_manifest,
     rank_folder,
 )
-from tests.test_config import assert_input_error
 
 
 def spec_for(server, prefix: str, create_bucket: bool = True) -> StorageSpec:

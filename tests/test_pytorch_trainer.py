@@ -5,7 +5,6 @@ another world size seeing the same samples."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -14,8 +13,6 @@ import signal
 import pytest
 import torch
 
-from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.storage import StorageSpec
 from tests.conftest import (
     REPO,
     finish_run,
@@ -25,6 +22,7 @@ from tests.conftest import (
     user_project,
     wait_for,
 )
+from tests.helpers import model_at
 
 pytestmark = pytest.mark.slow
 BATCH, MICRO, STEPS = 64, 8, 300
@@ -61,12 +59,6 @@ def ids_per_step(log_dir, record: dict) -> dict[int, list[int]]:
                 ids = sorted(x for line in lines[i:i + per_step] for x in line)
                 seen.setdefault(start + i // per_step, {})[rank] = ids
     return {step: sorted(x for ids in ranks.values() for x in ids) for step, ranks in seen.items()}
-
-
-def model_at(storage, run_name, step=None) -> dict[str, torch.Tensor]:
-    store = CheckpointStore(StorageSpec(str(storage / run_name)))
-    ref = store.latest() if step is None else store.ref(step)
-    return torch.load(io.BytesIO(store.load(ref)[0]["model.pt"]), weights_only=True)
 
 
 def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_same_samples(

@@ -21,7 +21,7 @@ from orchestrator.storage_probe import (
     reads_back,
 )
 from tests.conftest import REPO, run_cli
-from tests.test_config import assert_input_error
+from tests.helpers import assert_input_error
 
 
 @pytest.mark.parametrize("overrides, allowed", [

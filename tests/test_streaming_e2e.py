@@ -18,7 +18,7 @@ import torch
 
 from orchestrator.data.datasets import digits
 from tests.conftest import REPO, finish_run, run_cli, start_run, user_project, wait_for
-from tests.test_pytorch_trainer import model_at
+from tests.helpers import model_at
 
 pytestmark = pytest.mark.slow
 BATCH, STEPS, SHARDS = 32, 120, 4

@@ -15,22 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, _started, cli_env, read_record
+from tests.helpers import sweep, sweep_record
 
 pytestmark = pytest.mark.slow
-
-
-def sweep(sweep_dir: Path, *overrides: str, address: str, timeout: float = 900,
-          flags: tuple[str, ...] = (), cwd: Path = REPO):
-    cmd = [sys.executable, "-m", "orchestrator", "--multirun", *flags,
-           f"hydra.sweep.dir={sweep_dir}", f"cluster.address={address}",
-           f"storage.uri={sweep_dir.parent / 'ckpt'}", *overrides]
-    proc = subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    return proc
-
-
-def record(sweep_dir: Path) -> dict:
-    return json.loads((sweep_dir / "sweep.json").read_text())
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -45,7 +32,7 @@ def test_a_parallelism_sweep_runs_each_trial_and_writes_the_scaling_report(ray_h
     proc = sweep(out, "cluster.workers=1,2", "trainer.epochs=2", "hydra.sweeper.metric=test_mse",
                  address=ray_head.address)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rec = record(out)
+    rec = sweep_record(out)
     rows = rec["trials"]
     assert rec["best"] is None and rec["status"] == "done"
     for row in rows:
@@ -91,7 +78,7 @@ def test_a_search_stops_a_poor_trial_records_a_failing_one_and_a_rerun_skips_fin
             "trainer.fn=tests.user_trainers:fails_for_one_lr", "+trainer.fail_lr=0.0002")
     first = sweep(out, *args, address=ray_head.address)
     assert first.returncode == 1, (first.stdout + first.stderr)[-4000:]
-    rec = record(out)
+    rec = sweep_record(out)
     assert rec["metric"] == "test_loss" and rec["mode"] == "min"
     rows = {r["overrides"][0]: r for r in rec["trials"]}
     good, bad, poor = rows["trainer.lr=0.2"], rows["trainer.lr=0.0002"], rows["trainer.lr=0.0001"]
@@ -109,7 +96,7 @@ def test_a_search_stops_a_poor_trial_records_a_failing_one_and_a_rerun_skips_fin
     for key in ("trainer.lr=0.2", "trainer.lr=0.0001"):  # finished: not run again
         assert done[key].read_text() == before[key], key
     assert json.loads(done["trainer.lr=0.0002"].read_text())["started_at"] > failed_started
-    rows = {r["overrides"][0]: r for r in record(out)["trials"]}
+    rows = {r["overrides"][0]: r for r in sweep_record(out)["trials"]}
     assert rows["trainer.lr=0.2"]["status"] == "succeeded"
     assert rows["trainer.lr=0.0002"]["status"] == "failed"
 
@@ -141,7 +128,7 @@ def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_c
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, out[-4000:]
-    rec = record(project / "sweep")
+    rec = sweep_record(project / "sweep")
     assert rec["status"] == "interrupted" and [r["status"] for r in rec["trials"]] == \
         ["interrupted"] * 2, rec
     runs = [read_record(Path(r["run_dir"])) for r in rec["trials"]]
@@ -151,7 +138,7 @@ def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_c
     gate.unlink()
     again = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-    rec = record(project / "sweep")
+    rec = sweep_record(project / "sweep")
     assert rec["status"] == "done" and all(r["status"] == "succeeded" for r in rec["trials"])
     for row in rec["trials"]:
         run = read_record(Path(row["run_dir"]))

@@ -1,0 +1,104 @@
+"""Helpers more than one test module uses (conftest.py holds the fixtures and the command
+line as a subprocess): a refused command's one line, a sweep as a command, a run's model and
+checkpoints read back, manifests planted as an attacker would."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
+from orchestrator.storage import StorageSpec, join
+from tests.conftest import REPO, cli_env
+
+
+def assert_input_error(result, key: str, storage=None):
+    lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
+    assert result.returncode == 2, result.output[-3000:]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and key in lines[0], lines[0]
+    assert "Started a local Ray" not in result.output and "RayTrainWorker" not in result.output
+    if storage is not None:
+        assert not storage.exists() or not any(storage.rglob("*")), "storage was written"
+
+
+def sweep(sweep_dir: Path, *overrides: str, address: str, timeout: float = 900,
+          flags: tuple[str, ...] = (), cwd: Path = REPO):
+    cmd = [sys.executable, "-m", "orchestrator", "--multirun", *flags,
+           f"hydra.sweep.dir={sweep_dir}", f"cluster.address={address}",
+           f"storage.uri={sweep_dir.parent / 'ckpt'}", *overrides]
+    proc = subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    return proc
+
+
+def sweep_record(sweep_dir: Path) -> dict:
+    return json.loads((sweep_dir / "sweep.json").read_text())
+
+
+def model_at(storage, run_name, step=None) -> dict:
+    """The PyTorch trainer's model.pt in a run's checkpoint (its newest, or ``step``'s)."""
+    import io
+
+    import torch
+
+    store = CheckpointStore(StorageSpec(str(storage / run_name)))
+    ref = store.latest() if step is None else store.ref(step)
+    return torch.load(io.BytesIO(store.load(ref)[0]["model.pt"]), weights_only=True)
+
+
+def load_newest_intact(store: CheckpointStore, tmp_path: Path, skipped=None):
+    found = store.newest_intact(tmp_path / "cache", skipped)
+    if found is None:
+        return None
+    ref, folder = found
+    manifest = json.loads((folder / MANIFEST).read_text())
+    return ref, {name: (folder / name).read_bytes() for name in manifest["files"]}, manifest["meta"]
+
+
+def rank_folder(tmp_path: Path, rank: int, files: dict[str, bytes]) -> Path:
+    folder = tmp_path / f"snapshot-rank{rank}"
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def plant_manifest(store: CheckpointStore, step: int, name: str, data: bytes = b"owned") -> None:
+    """A committed checkpoint at ``step`` whose manifest also lists ``name``, its size and hash
+    right (what anyone able to write the bucket or folder could publish). In an object store
+    the object is put where a download would read it, when the store takes such a key."""
+    store.save(step, {"a": b"newer"})
+    ref = store.ref(step)
+    with store.fs.open_input_stream(join(ref.path, MANIFEST)) as f:
+        manifest = json.loads(f.read())
+    manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                               "rank": 0}
+    with store.fs.open_output_stream(join(ref.path, MANIFEST)) as f:
+        f.write(json.dumps(manifest).encode())
+    if store.is_local:
+        return  # a local folder's files are read where they are, never copied
+    try:
+        with store.fs.open_output_stream(join(ref.path, name)) as f:
+            f.write(data)
+    except (OSError, ValueError):
+        pass  # a store that refuses the key: the manifest alone is the attack
+
+
+def bad_names(tmp_path: Path) -> dict[str, str]:
+    """Names that would land in tmp_path/outside: absolute, and '..' from a step folder (the
+    local store's, or the download cache's, both two levels below tmp_path)."""
+    return {"absolute": str(tmp_path / "outside" / "evil.pth"),
+            "dotdot": "../../outside/evil.pth"}
+
+
+def assert_planted_one_refused(store: CheckpointStore, tmp_path: Path, name: str) -> None:
+    skipped: list[str] = []
+    ref, files, _ = load_newest_intact(store, tmp_path, skipped)
+    assert ref.step == 10 and files == {"a": b"good"}
+    assert not (tmp_path / "outside").exists()
+    assert len(skipped) == 1 and step_dir(20) in skipped[0] and repr(name) in skipped[0], skipped
