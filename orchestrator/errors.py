@@ -1,4 +1,5 @@
-"""The two ways a run ends badly, each with its exit code (docs/exit-codes.md)."""
+"""Wrong input as an exception (exit code 2, docs/exit-codes.md), and an exception's message
+as the one line a user reads."""
 
 
 class ConfigError(ValueError):
@@ -25,9 +26,3 @@ def one_line(exc: BaseException | str) -> str:
     fallback = type(exc).__name__ if isinstance(exc, BaseException) else "(no message)"
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [fallback]
     return " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
-
-
-class TrainingFailed(RuntimeError):
-    """Training failed after its restarts were used up: exit 1."""
-
-    exit_code = 1
