@@ -29,7 +29,6 @@ No framework is imported here: a checkpoint is whatever files ``write(dir)`` put
 
 from __future__ import annotations
 
-import logging
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -53,7 +52,6 @@ from orchestrator.worker_start import Collective, Start, WorkerSpec
 if TYPE_CHECKING:
     from orchestrator.data.datasets import Dataset
 
-log = logging.getLogger("orchestrator.worker")
 
 
 # -- declaring a training function (optional) --------------------------------------------
