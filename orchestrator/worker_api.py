@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from orchestrator.data.datasets import Dataset
 
 
-
 # -- declaring a training function (optional) --------------------------------------------
 @dataclass(frozen=True)
 class TrainingInfo:
