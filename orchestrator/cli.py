@@ -28,7 +28,7 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_app(cfg: DictConfig) -> None:
-    from orchestrator.launch import launch
+    from orchestrator.driver.launch import launch
 
     try:
         code = launch(cfg, Path(HydraConfig.get().runtime.output_dir), STARTED_AT)

@@ -46,8 +46,8 @@ from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.data.order import DataOrder, step_seed
 from orchestrator.errors import one_line
 from orchestrator.observe.step_reports import StepReports
-from orchestrator.preemption_checks import PreemptionChecks
-from orchestrator.worker_start import Collective, Start, WorkerSpec
+from orchestrator.worker.preemption_checks import PreemptionChecks
+from orchestrator.worker.start import Collective, Start, WorkerSpec
 
 if TYPE_CHECKING:
     from orchestrator.data.datasets import Dataset
@@ -459,7 +459,7 @@ class WorkerContext:
 
 
 class WorkerLifecycle:
-    """The orchestrator's side of one WorkerContext (orchestrator/worker.py): what happens
+    """The orchestrator's side of one WorkerContext (orchestrator/worker/loop.py): what happens
     around the training function, which the function itself is not given."""
 
     def __init__(self, ctx: WorkerContext):

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.checkpoint.committer import Committer  # noqa: E402
 from orchestrator.checkpoint.store import CheckpointStore  # noqa: E402
-from orchestrator.storage import Credentials, StorageSpec  # noqa: E402
+from orchestrator.storage.location import Credentials, StorageSpec  # noqa: E402
 from scripts.s3_server import SeaweedS3  # noqa: E402
 
 MIB = 1 << 20

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
-from orchestrator.storage import StorageSpec, join
+from orchestrator.storage.location import StorageSpec, join
 from tests.conftest import REPO, cli_env
 
 

@@ -21,7 +21,7 @@ from orchestrator.checkpoint.store import (
     open_source,
     step_dir,
 )
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 from tests.helpers import (
     assert_planted_one_refused,
     bad_names,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 from tests.conftest import run_cli
 
 DIGITS_TRAIN_ROWS = 1437  # 80% of scikit-learn's 1797 digits

@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 from scripts.local_cluster import node_of, stop_nodes
 from tests.conftest import (
     add_node,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from orchestrator.failure_policy import WorkerError, classify
+from orchestrator.driver.failure_policy import WorkerError, classify
 from tests.conftest import read_record, run_cli, start_head, start_run, stop_cluster, wait_for
 
 

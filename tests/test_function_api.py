@@ -9,7 +9,7 @@ import json
 import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 from tests.conftest import finish_run, run_cli, start_run, user_project
 
 

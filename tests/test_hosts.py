@@ -150,8 +150,8 @@ def files_under(*folders: Path) -> list[Path]:
 LATE_JOINER = """
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from orchestrator.storage import StorageSpec
-from orchestrator.storage_probe import check_worker_node, leave_marker
+from orchestrator.storage.location import StorageSpec
+from orchestrator.storage.probe import check_worker_node, leave_marker
 ray.init(address="{address}", logging_level="ERROR", log_to_driver=False)
 marker = leave_marker(StorageSpec("{run}"))
 node = next(n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] == "{ip}")

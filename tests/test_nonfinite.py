@@ -16,8 +16,8 @@ from hydra import compose, initialize_config_dir
 from orchestrator.cli import CONF_DIR
 from orchestrator.config.typed import to_typed
 from orchestrator.data import nonfinite
+from orchestrator.driver.run_plan import complete_data
 from orchestrator.errors import ConfigError
-from orchestrator.run_plan import complete_data
 from trainers.pytorch.finite_loss import LossWatch, NonFiniteLoss
 
 
@@ -85,7 +85,7 @@ def test_a_nonfinite_loss_stops_the_loop_naming_the_step_unless_allowed(device, 
 
 
 def test_the_key_that_allows_a_nonfinite_loss_is_part_of_the_trainers_schema():
-    from orchestrator.training_function import check_training
+    from orchestrator.worker.training_function import check_training
 
     model = {"_target_": "trainers.pytorch.models.MLP", "in_features": 64, "out_features": 10}
     digits = {"name": "digits", "task": "classification", "features": 64, "outputs": 10}
@@ -110,7 +110,7 @@ def test_the_trial_refuses_nonfinite_values_in_the_first_items_of_a_users_datase
     import dataclasses
 
     from orchestrator.config.schema import DataConfig
-    from orchestrator.training_function import check_training
+    from orchestrator.worker.training_function import check_training
 
     items = {"_target_": "tests.test_nonfinite.NaNItems"}
     data = dataclasses.asdict(DataConfig(name="torch", train=items, eval=items))

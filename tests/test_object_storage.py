@@ -11,7 +11,7 @@ import pytest
 from orchestrator.checkpoint.committer import Committer
 from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
-from orchestrator.storage import Credentials, StorageSpec
+from orchestrator.storage.location import Credentials, StorageSpec
 from tests.conftest import CliBatch, free_port, run_cli
 from tests.helpers import (
     assert_input_error,

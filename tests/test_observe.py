@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.checkpoint.store import CheckpointStore
+from orchestrator.driver.record import RunRecord
 from orchestrator.observe.curves import Curves
 from orchestrator.observe.progress import ProgressState, bar_line, clock, progress_line
 from orchestrator.observe.rate import Rate
-from orchestrator.record import RunRecord
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 from tests.conftest import (
     REPO,
     _started,
@@ -108,8 +108,8 @@ def test_curves_keep_one_point_per_step_across_a_restart(tmp_path):
 
 
 def test_the_observing_core_imports_no_framework():
-    code = ("import sys, orchestrator.recorder, orchestrator.observe.curves, "
-            "orchestrator.observe.metrics, orchestrator.observe.progress, orchestrator.launch; "
+    code = ("import sys, orchestrator.driver.recorder, orchestrator.observe.curves, "
+            "orchestrator.observe.metrics, orchestrator.observe.progress, orchestrator.driver.launch; "
             "print(sorted(m for m in ('torch', 'tensorflow', 'xgboost', 'lightgbm', 'tensorboardX')"
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
@@ -283,7 +283,7 @@ def test_ray_verbose_brings_rays_lines_back_the_bar_draws_and_ctrl_c_at_the_end_
     Ray down: it used to raise inside ray.shutdown() (a traceback, the cluster half stopped),
     and the handler's Ray call then joined the cluster `ray start` had recorded on the machine
     (the session's head): every later run on that head failed."""
-    from orchestrator.processes import descendants, running
+    from orchestrator.driver.processes import descendants, running
 
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(

@@ -4,9 +4,9 @@ up on a placement group Ray's stale view promised after the hang timeout."""
 from __future__ import annotations
 
 from orchestrator.config.schema import ClusterConfig
-from orchestrator.failure_policy import WorkerError
-from orchestrator.record import RunRecord
-from orchestrator.scaling import elastic_controller_env
+from orchestrator.driver.failure_policy import WorkerError
+from orchestrator.driver.record import RunRecord
+from orchestrator.driver.scaling import elastic_controller_env
 
 
 def test_a_cut_off_workers_late_report_is_not_a_repeat_of_its_own_groups_error():

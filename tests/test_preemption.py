@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 from scripts.local_cluster import RAY, node_env, node_of, stop_nodes
 from tests.conftest import (
     REPO,

@@ -1,6 +1,6 @@
 """The preemption-check schedule: about every N seconds, whatever a step takes."""
 
-from orchestrator.preemption_checks import PreemptionChecks
+from orchestrator.worker.preemption_checks import PreemptionChecks
 
 
 def run_schedule(step_s: float, steps: int, every_s: float = 1.0, start: int = 0) -> list[int]:

@@ -17,7 +17,7 @@ from torch.utils.data import default_collate
 
 from orchestrator.config.schema import DataConfig
 from orchestrator.errors import ConfigError
-from orchestrator.training_function import check_training
+from orchestrator.worker.training_function import check_training
 from trainers.pytorch.check import trial
 from trainers.pytorch.parts import build_model, build_optimizer, build_step, metric_names
 from trainers.pytorch.precision import Precision

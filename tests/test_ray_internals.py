@@ -71,7 +71,7 @@ def test_the_placement_group_cleaner_is_created_where_the_pinned_one_replaces_it
 def test_every_environment_variable_set_for_ray_is_one_ray_reads(names):
     import ray
 
-    from orchestrator.backends import BACKENDS
+    from orchestrator.driver.backends import BACKENDS
     from orchestrator.ray_internals import knobs
 
     wanted = set(getattr(knobs, names))
@@ -107,7 +107,7 @@ def test_ray_start_records_its_address_where_auto_looks():
 
 
 def test_controller_polls_every_second_unless_the_user_says(monkeypatch):
-    from orchestrator.backends import BACKENDS
+    from orchestrator.driver.backends import BACKENDS
     from orchestrator.ray_internals.train_hooks import controller_env
 
     monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)

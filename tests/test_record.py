@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from orchestrator.config.schema import ClusterConfig
-from orchestrator.record import REDACTED, RunRecord, redact
-from orchestrator.scaling import cpus_per_worker, scaling_kwargs
+from orchestrator.driver.record import REDACTED, RunRecord, redact
+from orchestrator.driver.scaling import cpus_per_worker, scaling_kwargs
 
 
 def test_restarts_and_lost_steps():
@@ -69,7 +69,7 @@ def test_elastic_scaling_asks_for_a_range():
 
 
 def test_ranks_failing_alike_in_one_group_are_not_a_repeat():
-    from orchestrator.failure_policy import WorkerError
+    from orchestrator.driver.failure_policy import WorkerError
 
     rec = RunRecord("r", "ddp", {}, "/ck")
     for rank in (0, 1):
@@ -85,7 +85,7 @@ def test_ranks_failing_alike_in_one_group_are_not_a_repeat():
 def test_a_repeat_is_counted_in_attempts_not_in_ranks():
     """Two attempts whose two ranks each failed alike: "2 times", not 3 (measured on a GPU:
     both ranks of each attempt raised the same NCCL error)."""
-    from orchestrator.failure_policy import WorkerError
+    from orchestrator.driver.failure_policy import WorkerError
 
     rec = RunRecord("r", "ddp", {}, "/ck")
     for attempt in (1, 2):
@@ -101,8 +101,8 @@ def test_a_ray_that_does_not_start_is_one_line(monkeypatch):
     import ray
 
     from orchestrator.config.schema import ClusterConfig
+    from orchestrator.driver.ray_session import RaySession
     from orchestrator.errors import ConfigError
-    from orchestrator.ray_session import RaySession
 
     def broken(**kwargs):
         raise RuntimeError("Failed to start the dashboard\nTraceback (most recent call last):\n...")

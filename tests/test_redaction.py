@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from orchestrator.cli import CONF_DIR
-from orchestrator.record import RunRecord
+from orchestrator.driver.record import RunRecord
 from orchestrator.redaction import REDACTED, env_secrets, is_secret_name, redact, redact_text
 from orchestrator.sweep.report import write_report
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 from tests.conftest import finish_run, start_run, user_project, wait_for
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """Storage rules without Ray: the storage kind must match its URI, and the decisions and
-checks behind "every node must see the checkpoints" (orchestrator/storage_probe.py)."""
+checks behind "every node must see the checkpoints" (orchestrator/storage/probe.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from orchestrator.cli import CONF_DIR
 from orchestrator.config.preflight import check_command_line
 from orchestrator.errors import ConfigError
-from orchestrator.storage import StorageSpec
-from orchestrator.storage_probe import (
+from orchestrator.storage.location import StorageSpec
+from orchestrator.storage.probe import (
     MARKER,
     PROBE_PREFIX,
     StorageMarker,

@@ -13,7 +13,7 @@ from orchestrator.config.schema import DataConfig
 from orchestrator.data.manifest import read_manifest, what_changed
 from orchestrator.data.streaming import plan_stream
 from orchestrator.errors import ConfigError
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 
 FEATURES = 3
 

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.config.schema import DataConfig
 from orchestrator.data.datasets import load_dataset
-from orchestrator.storage import Credentials, StorageSpec
+from orchestrator.storage.location import Credentials, StorageSpec
 from tests.conftest import finish_run, read_record, run_cli, start_run, wait_for
 
 DIGITS = load_dataset(DataConfig(name="digits"), seed=0)

@@ -11,7 +11,7 @@ from orchestrator.config.schema import DataConfig
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
 from orchestrator.observe.progress import ProgressState, metric_text, progress_line
-from orchestrator.training_function import check_training
+from orchestrator.worker.training_function import check_training
 from trainers.pytorch.config import NotFound, locate
 
 DIGITS = {"name": "digits", "task": "classification", "features": 64, "outputs": 10}

@@ -12,9 +12,9 @@ import pytest
 
 from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.errors import ConfigError
-from orchestrator.storage import StorageSpec
-from orchestrator.training_function import check_training
-from orchestrator.worker import WorkerSpec, start_point
+from orchestrator.storage.location import StorageSpec
+from orchestrator.worker.loop import WorkerSpec, start_point
+from orchestrator.worker.training_function import check_training
 from orchestrator.worker_api import WorkerContext, WorkerLifecycle
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from orchestrator.training_function import import_function
+from orchestrator.worker.training_function import import_function
 from orchestrator.worker_api import training_function
 
 DDP = "trainers.pytorch.train:main"  # the built-in PyTorch trainer (trainer=ddp|fsdp)

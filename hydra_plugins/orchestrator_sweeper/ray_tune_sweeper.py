@@ -21,7 +21,7 @@ class RayTuneSweeper(Sweeper):
         self.config: DictConfig | None = None
 
     def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
-        # Trials run orchestrator.launch themselves (task_function would call sys.exit).
+        # Trials run orchestrator.driver.launch themselves (task_function would call sys.exit).
         self.hydra_context = hydra_context
         self.config = config
 

@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 
 from orchestrator.checkpoint.names import check_names
 from orchestrator.checkpoint.retry import DEFAULT_BACKOFF, Backoff, with_retries
-from orchestrator.storage import StorageSpec, join
+from orchestrator.storage.location import StorageSpec, join
 
 log = logging.getLogger(__name__)
 

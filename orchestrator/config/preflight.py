@@ -76,7 +76,7 @@ def check_command_line(argv: list[str], conf_dir: Path) -> int:
     if split is None:
         return 0
     overrides, multirun = split
-    from orchestrator.training_function import cluster_keys_given, size_cluster
+    from orchestrator.worker.training_function import cluster_keys_given, size_cluster
 
     searchpath = [o for o in overrides if o.startswith("hydra.searchpath=")]
     with initialize_config_dir(str(conf_dir), version_base="1.3", job_name="preflight"):
@@ -99,9 +99,9 @@ def check_trainer(cfg, typed, checked: set[str]) -> None:
 
     from omegaconf import OmegaConf
 
-    from orchestrator.backends import check_cluster
-    from orchestrator.run_plan import complete_data
-    from orchestrator.training_function import check_training
+    from orchestrator.driver.backends import check_cluster
+    from orchestrator.driver.run_plan import complete_data
+    from orchestrator.worker.training_function import check_training
 
     complete_data(cfg, typed)
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)

@@ -90,7 +90,7 @@ class StorageConfig:
                     "with storage=local, a directory (for object storage, use storage=s3, "
                     "which has its endpoint, region and bucket settings)")
         if scheme == "s3":
-            from orchestrator.storage import check_s3_uri
+            from orchestrator.storage.location import check_s3_uri
 
             check_s3_uri(self.uri)
 
@@ -254,13 +254,13 @@ class TrainerConfig:
 
     name: str = "function"
     fn: str = MISSING  # the training function, "module:function", run on every worker
-    backend: str = "torch"  # what Ray sets up around it (orchestrator/backends.py)
+    backend: str = "torch"  # what Ray sets up around it (orchestrator/driver/backends.py)
 
 
 @dataclass
 class Config:
     # The trainer's keys are its own: checked against the schema its function declares, when
-    # the function is resolved (orchestrator/training_function.py).
+    # the function is resolved (orchestrator/worker/training_function.py).
     trainer: Any = MISSING
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)

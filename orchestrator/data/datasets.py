@@ -15,7 +15,7 @@ import pyarrow as pa
 from orchestrator.config.schema import DataConfig
 from orchestrator.data.manifest import check_numeric
 from orchestrator.errors import ConfigError, one_line
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 
 
 @dataclass(frozen=True)

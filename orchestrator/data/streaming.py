@@ -21,7 +21,7 @@ from orchestrator.data.row_split import held_out
 from orchestrator.data.stream_order import StreamOrder
 from orchestrator.data.stream_reader import Decoding, EvalShare, GroupReader, RankStream
 from orchestrator.errors import ConfigError
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 
 SAMPLE_GROUPS = 4  # row groups read on the driver for the feature scaling
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from ray.util.metrics import Gauge, Histogram
 
-from orchestrator.record import RunRecord
+from orchestrator.driver.record import RunRecord
 
 TAGS = ("run", "trainer")
 SECONDS = [0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0]

@@ -3,10 +3,10 @@ promise to keep (no Ray import here: the driver's planning uses them too)."""
 
 # The environment variables Ray Train's controller reads that the orchestrator sets (their
 # names live only here; the backends' own, such as TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, are
-# in orchestrator/backends.py, and are checked alike).
+# in orchestrator/driver/backends.py, and are checked alike).
 WORKER_HEALTH_CHECK_TIMEOUT = "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S"
 HEALTH_CHECK_INTERVAL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # orchestrator/scaling.py
+WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # orchestrator/driver/scaling.py
 ENV_KNOBS = (WORKER_HEALTH_CHECK_TIMEOUT, HEALTH_CHECK_INTERVAL, WORKER_GROUP_START_TIMEOUT)
 
 # Ray core's: set by `python -m orchestrator` before Ray is imported (orchestrator/__main__.py).

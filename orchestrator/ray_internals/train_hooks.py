@@ -10,7 +10,7 @@ import signal
 
 import ray
 
-from orchestrator.backends import Backend
+from orchestrator.driver.backends import Backend
 from orchestrator.ray_internals.knobs import HEALTH_CHECK_INTERVAL, WORKER_HEALTH_CHECK_TIMEOUT
 
 # How often Ray Train's controller polls the workers (its default: 2 s). The poll is how it

@@ -84,9 +84,9 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     """Run every trial; return the exit code (0 when no trial failed)."""
     from hydra.core.singleton import Singleton
 
-    from orchestrator.backends import backend_named
+    from orchestrator.driver.backends import backend_named
+    from orchestrator.driver.ray_session import RaySession
     from orchestrator.ray_internals.train_hooks import controller_env
-    from orchestrator.ray_session import RaySession
 
     started = time.time()
     space = build_space(arguments, dict(conf.params))

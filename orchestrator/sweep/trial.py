@@ -110,7 +110,7 @@ def _task(outcome: dict):
     def task(cfg: DictConfig) -> int:
         from hydra.core.hydra_config import HydraConfig
 
-        from orchestrator.launch import launch
+        from orchestrator.driver.launch import launch
 
         code = launch(cfg, Path(HydraConfig.get().runtime.output_dir), time.time())
         outcome["code"] = code

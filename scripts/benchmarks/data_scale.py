@@ -80,7 +80,7 @@ def read_rates(data: Path) -> dict:
 
     from orchestrator.config.schema import DataConfig
     from orchestrator.data.streaming import plan_stream
-    from orchestrator.storage import StorageSpec
+    from orchestrator.storage.location import StorageSpec
 
     cfg = DataConfig(name="parquet", path=str(data), stream="true")
     plan = plan_stream(cfg, StorageSpec(str(data)), 0, None, 2, 1024, "classification", None)

@@ -73,7 +73,7 @@ def raw_upload(server, uri: str, step: int, scratch: Path) -> dict:
     """The checkpoint's files downloaded, then uploaded again with plain pyarrow: one thread
     per rank's files, as the ranks upload theirs."""
     from orchestrator.checkpoint.store import CheckpointStore
-    from orchestrator.storage import Credentials, StorageSpec
+    from orchestrator.storage.location import Credentials, StorageSpec
 
     spec = StorageSpec(uri, server.endpoint, "us-east-1",
                        Credentials(server.access_key, server.secret_key))

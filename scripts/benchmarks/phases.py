@@ -24,10 +24,10 @@ PATCH = (  # (module, attribute path, label): wrapped once the module is importe
     ("ray", "shutdown", "ray.shutdown"),
     ("ray.train.v2.api.data_parallel_trainer", "DataParallelTrainer.fit", "fit"),
     ("orchestrator.config.preflight", "check_command_line", "orchestrator.preflight"),
-    ("orchestrator.launch", "check_training", "orchestrator.check_training"),
-    ("orchestrator.launch", "make_plan", "orchestrator.make_plan"),
-    ("orchestrator.launch", "start_recorder", "orchestrator.start_recorder"),
-    ("orchestrator.launch", "launch", "orchestrator.launch"),
+    ("orchestrator.driver.launch", "check_training", "orchestrator.check_training"),
+    ("orchestrator.driver.launch", "make_plan", "orchestrator.make_plan"),
+    ("orchestrator.driver.launch", "start_recorder", "orchestrator.start_recorder"),
+    ("orchestrator.driver.launch", "launch", "orchestrator.driver.launch"),
 )
 
 

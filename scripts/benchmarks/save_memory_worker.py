@@ -28,7 +28,7 @@ from charlm.model import TinyGPT  # noqa: E402
 
 from orchestrator.checkpoint.committer import Committer  # noqa: E402
 from orchestrator.checkpoint.store import CheckpointStore  # noqa: E402
-from orchestrator.storage import Credentials, StorageSpec  # noqa: E402
+from orchestrator.storage.location import Credentials, StorageSpec  # noqa: E402
 from trainers.pytorch.host_memory import release_freed_memory  # noqa: E402
 from trainers.pytorch.parallel import materialize, shard  # noqa: E402
 from trainers.pytorch.precision import Precision  # noqa: E402

@@ -82,7 +82,7 @@ def weights(data: bytes) -> dict:
 def newest_snapshot(storage: Path) -> dict:
     """The final committed checkpoint's snapshot.pt (the run's folder under storage)."""
     from orchestrator.checkpoint.store import CheckpointStore
-    from orchestrator.storage import StorageSpec
+    from orchestrator.storage.location import StorageSpec
 
     (run_folder,) = [p for p in storage.iterdir() if p.is_dir()]
     store = CheckpointStore(StorageSpec(str(run_folder)))

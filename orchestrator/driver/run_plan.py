@@ -17,8 +17,8 @@ from orchestrator.data.datasets import DataFacts, check_parquet, data_facts, eva
 from orchestrator.data.nonfinite import check_finite
 from orchestrator.data.streaming import StreamPlan, plan_stream
 from orchestrator.errors import ConfigError, one_line
-from orchestrator.storage import Credentials, StorageSpec, absolute
-from orchestrator.storage_check import check_storage, create_bucket
+from orchestrator.storage.check import check_storage, create_bucket
+from orchestrator.storage.location import Credentials, StorageSpec, absolute
 
 
 @dataclass(frozen=True)

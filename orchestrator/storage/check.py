@@ -8,9 +8,9 @@ from __future__ import annotations
 import pyarrow.fs as pafs
 
 from orchestrator.errors import ConfigError, one_line
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 
-_UNREACHABLE = ("curlCode: 7", "curlCode: 28", "Couldn't connect", "Connection refused",
+UNREACHABLE = ("curlCode: 7", "curlCode: 28", "Couldn't connect", "Connection refused",
                 "Timeout was reached", "Could not resolve", "curlCode: 6")
 _REFUSED = ("ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch", "HTTP status 403",
             "AccessDenied", "Forbidden")
@@ -28,7 +28,7 @@ def check_storage(spec: StorageSpec) -> bool:
         info = fs.get_file_info(spec.bucket)
     except OSError as exc:
         text = spec.credentials.scrub(str(exc)) if spec.credentials else str(exc)
-        if any(marker in text for marker in _UNREACHABLE):
+        if any(marker in text for marker in UNREACHABLE):
             raise ConfigError(f"storage.endpoint={spec.endpoint!r}: nothing answers at {where}") from None
         if any(marker in text for marker in _REFUSED):
             raise ConfigError(

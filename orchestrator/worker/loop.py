@@ -1,7 +1,7 @@
 """What runs in every Ray Train worker: agree where to start, run the training function with
 its WorkerContext, record what happened. No framework.
 
-WorkerSpec and Start (orchestrator/worker_start.py) say what every worker receives and where
+WorkerSpec and Start (orchestrator/worker/start.py) say what every worker receives and where
 it starts; the WorkerContext (orchestrator/worker_api.py) is the live per-worker state the
 function talks to, and its WorkerLifecycle the part of it only this module uses.
 """
@@ -22,12 +22,12 @@ import ray
 import ray.train
 import ray.train.collective
 
+from orchestrator.driver.failure_policy import WorkerError
 from orchestrator.errors import cause_of, one_line
-from orchestrator.failure_policy import WorkerError
-from orchestrator.storage_probe import check_worker_node
-from orchestrator.training_function import import_function
+from orchestrator.storage.probe import check_worker_node
+from orchestrator.worker.start import WorkerSpec, start_point
+from orchestrator.worker.training_function import import_function
 from orchestrator.worker_api import WorkerContext, WorkerLifecycle
-from orchestrator.worker_start import WorkerSpec, start_point
 
 PREEMPTION_GRACE_S = 5.0  # held past a notice's deadline before concluding the node stays
 
@@ -51,7 +51,7 @@ def train_loop_per_worker(config: dict) -> None:
     workdir = Path(tempfile.mkdtemp(prefix=f"orchestrator-rank{rank}-"))
     life: WorkerLifecycle | None = None
     try:  # an exception from the training code is recorded, then re-raised
-        # Shared storage (orchestrator/storage_probe.py): this node must see the run's folder
+        # Shared storage (orchestrator/storage/probe.py): this node must see the run's folder
         # as the driver does (a node that joined after the driver's check fails here, clearly).
         check_worker_node(config.get("storage_marker"))
         fn = import_function(spec.fn)

@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from orchestrator.failure_policy import Verdict, WorkerError, classify
+from orchestrator.driver.failure_policy import Verdict, WorkerError, classify
 from orchestrator.redaction import REDACTED, redact
 
 __all__ = ["REDACTED", "RunRecord", "redact"]  # redact: the config's, before it is recorded

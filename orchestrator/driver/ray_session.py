@@ -9,10 +9,10 @@ import socket
 import ray
 
 from orchestrator.config.schema import ClusterConfig
+from orchestrator.driver.interrupts import DeferredInterrupt
+from orchestrator.driver.processes import descendants, stop_leftovers
 from orchestrator.errors import ConfigError
-from orchestrator.interrupts import DeferredInterrupt
 from orchestrator.observe.logs import quiet_ray_loggers, ray_init_kwargs
-from orchestrator.processes import descendants, stop_leftovers
 from orchestrator.ray_internals.cluster import (
     CURRENT_CLUSTER_FILE,
     token_auth_enabled,
@@ -137,7 +137,7 @@ class RaySession:
     def __exit__(self, *exc) -> None:
         if self.reused:
             return
-        # The shutdown runs to its end whatever the user presses (orchestrator/interrupts.py).
+        # The shutdown runs to its end whatever the user presses (orchestrator/driver/interrupts.py).
         with DeferredInterrupt() as guard:
             ours = [] if self.joined else descendants(os.getpid())
             ray.shutdown()

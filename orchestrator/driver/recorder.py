@@ -14,10 +14,10 @@ import ray
 from ray.train import UserCallback
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.failure_policy import WorkerError
+from orchestrator.driver.failure_policy import WorkerError
+from orchestrator.driver.record import RunRecord
 from orchestrator.observe.progress import ProgressState
 from orchestrator.observe.rate import Rate
-from orchestrator.record import RunRecord
 
 WRITE_EVERY_S = 1.0
 PUBLISH_EVERY_S = 1.0  # Ray drops a gauge not set for a while: refresh them, events or not
@@ -56,7 +56,7 @@ class RunRecorder:
         self._written = 0.0
         self._published = float("-inf")
         # Since when the run has had no worker group: from its start, and again from each
-        # group's failure until a worker of the next one starts (orchestrator/placement_watch.py).
+        # group's failure until a worker of the next one starts (orchestrator/driver/placement_watch.py).
         self._no_group_since: float | None = time.monotonic()
         self._write(force=True)
 

@@ -28,11 +28,11 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.errors import ConfigError, one_line
-from orchestrator.storage import StorageSpec, join
-from orchestrator.storage_check import _UNREACHABLE
+from orchestrator.storage.check import UNREACHABLE
+from orchestrator.storage.location import StorageSpec, join
 
 if TYPE_CHECKING:
-    from orchestrator.run_plan import RunPlan
+    from orchestrator.driver.run_plan import RunPlan
 
 log = logging.getLogger("orchestrator")
 
@@ -91,7 +91,7 @@ def reads_back(storage: StorageSpec, path: str, content: bytes) -> str | None:
         return "no such file there"
     except OSError as exc:
         text = storage.credentials.scrub(str(exc)) if storage.credentials else str(exc)
-        if any(marker in text for marker in _UNREACHABLE):
+        if any(marker in text for marker in UNREACHABLE):
             return f"nothing answers at {storage.endpoint or 'the S3 endpoint'}"
         return (text.strip().splitlines() or [type(exc).__name__])[0][:160]
     return None if found == content else "another file there (not the driver's)"

@@ -12,10 +12,10 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.backends import Backend, backend_named
 from orchestrator.config.messages import composition_error
 from orchestrator.config.once import decided_once
 from orchestrator.config.rules import require_path_name
+from orchestrator.driver.backends import Backend, backend_named
 from orchestrator.errors import ConfigError, one_line
 from orchestrator.worker_api import TrainingInfo, training_info
 

@@ -14,35 +14,35 @@ from omegaconf import DictConfig, OmegaConf
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from orchestrator.backends import Backend, check_cluster
 from orchestrator.config.paths import resolve_paths
 from orchestrator.config.schema import Config
 from orchestrator.config.typed import to_typed
+from orchestrator.driver.backends import Backend, check_cluster
+from orchestrator.driver.interrupts import DeferredInterrupt
+from orchestrator.driver.placement_watch import PlacementWatch
+from orchestrator.driver.ray_session import RaySession
+from orchestrator.driver.record import RunRecord, redact
+from orchestrator.driver.recorder import FaultReporter, start_recorder
+from orchestrator.driver.run_plan import RunPlan, complete_data, make_plan
+from orchestrator.driver.scaling import elastic_controller_env, scaling_kwargs
 from orchestrator.errors import ConfigError
-from orchestrator.interrupts import DeferredInterrupt
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
-from orchestrator.placement_watch import PlacementWatch
 from orchestrator.ray_internals.train_hooks import (
     controller_env,
     hooks_missing,
     interrupted_by_ctrl_c,
     without_unneeded_actors,
 )
-from orchestrator.ray_session import RaySession
-from orchestrator.record import RunRecord, redact
-from orchestrator.recorder import FaultReporter, start_recorder
-from orchestrator.run_plan import RunPlan, complete_data, make_plan
-from orchestrator.scaling import elastic_controller_env, scaling_kwargs
-from orchestrator.storage_probe import check_cluster_storage
-from orchestrator.training_function import (
+from orchestrator.storage.probe import check_cluster_storage
+from orchestrator.worker.loop import train_loop_per_worker
+from orchestrator.worker.start import WorkerSpec
+from orchestrator.worker.training_function import (
     Training,
     check_training,
     cluster_keys_given,
     size_cluster,
 )
-from orchestrator.worker import train_loop_per_worker
-from orchestrator.worker_start import WorkerSpec
 
 log = logging.getLogger("orchestrator")
 
@@ -82,14 +82,14 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     except ConfigError as exc:
         return input_error(exc)
     cfg, record_path = run.cfg, output_dir / "run.json"
-    winding_down = DeferredInterrupt()  # armed once fit() returns (orchestrator/interrupts.py)
+    winding_down = DeferredInterrupt()  # armed once fit() returns (orchestrator/driver/interrupts.py)
     try:
         # An elastic job gives up on a placement group Ray's stale view promised after the hang
-        # timeout, not 60 s (orchestrator/scaling.py: a partitioned node's CPUs look free).
+        # timeout, not 60 s (orchestrator/driver/scaling.py: a partitioned node's CPUs look free).
         env = {**controller_env(cfg.failure.hang_timeout_s, run.training.backend),
                **elastic_controller_env(cfg.cluster, cfg.failure.hang_timeout_s)}
         with RaySession(cfg.cluster, env, cfg.log.ray_verbose) as session:
-            # Shared storage (orchestrator/storage_probe.py): on a joined cluster every node
+            # Shared storage (orchestrator/storage/probe.py): on a joined cluster every node
             # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
             # the marker lets each worker check its own node, nodes joining later included.
             storage_marker = check_cluster_storage(run.plan, joined=session.joined)

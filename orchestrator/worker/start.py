@@ -1,6 +1,6 @@
 """Where every worker of an attempt starts, decided before the training function runs: the
 frozen WorkerSpec each worker receives, and the checkpoint rank 0 chose (Start). No Ray and
-no framework here: the collective is a protocol (orchestrator/worker.py gives Ray's).
+no framework here: the collective is a protocol (orchestrator/worker/loop.py gives Ray's).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from orchestrator.checkpoint.store import CheckpointRef, CheckpointStore, open_source
 from orchestrator.config.schema import CheckpointConfig, DataConfig
-from orchestrator.storage import StorageSpec
+from orchestrator.storage.location import StorageSpec
 
 
 @dataclass(frozen=True)
