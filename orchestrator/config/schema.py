@@ -41,6 +41,11 @@ class ClusterConfig:
     # asked for and what each node has (exit 1): Ray Train alone would wait forever.
     placement_timeout_s: float = 300.0
 
+    @property
+    def elastic(self) -> bool:
+        """Whether the run may change size: cluster.min_workers below cluster.workers."""
+        return self.min_workers is not None and self.min_workers < self.workers
+
     def __post_init__(self) -> None:
         require(self.workers >= 1, "cluster.workers", self.workers, "an integer >= 1")
         require(self.placement_timeout_s > 0, "cluster.placement_timeout_s",

@@ -18,7 +18,13 @@ def cpus_per_worker(cluster: ClusterConfig, cluster_cpus: float) -> float:
     """
     if cluster.cpus_per_worker is not None:
         return cluster.cpus_per_worker
-    share = math.floor(cluster_cpus / cluster.workers * 100) / 100
+    return cpu_share(cluster_cpus, cluster.workers)
+
+
+def cpu_share(cpus: float, workers: int) -> float:
+    """CPUs split among workers, rounded down to a hundredth, between MIN_CPU_SHARE and 1
+    (a sweep's trial splits its budget the same way: orchestrator/sweep/trial.py)."""
+    share = math.floor(cpus / workers * 100) / 100
     return max(MIN_CPU_SHARE, min(1.0, share))
 
 
@@ -27,14 +33,13 @@ def scaling_kwargs(cluster: ClusterConfig, cluster_cpus: float) -> dict:
     resources = {"CPU": cpus_per_worker(cluster, cluster_cpus), **cluster.resources}
     if cluster.gpus_per_worker:
         resources["GPU"] = cluster.gpus_per_worker
-    elastic = cluster.min_workers is not None and cluster.min_workers < cluster.workers
     kwargs = {
-        "num_workers": (cluster.min_workers, cluster.workers) if elastic else cluster.workers,
+        "num_workers": (cluster.min_workers, cluster.workers) if cluster.elastic else cluster.workers,
         "use_gpu": cluster.gpus_per_worker > 0,
         "resources_per_worker": resources,
         "placement_strategy": cluster.placement,
     }
-    if elastic:
+    if cluster.elastic:
         kwargs["elastic_resize_monitor_interval_s"] = cluster.resize_check_s
     return kwargs
 
@@ -46,6 +51,6 @@ def elastic_controller_env(cluster: ClusterConfig, hang_timeout_s: float) -> dic
     that cannot be placed before it tries a smaller size. A placement group with room is ready
     in milliseconds, so an elastic job gives up after failure.hang_timeout_s instead; a fixed
     size has no smaller size to try and keeps Ray's wait."""
-    if cluster.min_workers is None or cluster.min_workers >= cluster.workers:
+    if not cluster.elastic:
         return {}
     return {WORKER_GROUP_START_TIMEOUT: str(hang_timeout_s)}

@@ -94,7 +94,7 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     name = sweep_name(config, space, conf)
     sweep_dir = sweep_directory(config, name)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    cluster = ClusterConfig(**OmegaConf.to_container(config.cluster, resolve=True))
+    cluster: ClusterConfig = OmegaConf.to_object(config.cluster)  # typed by the schema
     grid = space.grid_size * conf.num_samples if conf.search == "grid" else conf.num_samples
 
     # Trials import the user's modules (a trainer.fn or _target_ of theirs) from the command's

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from orchestrator.config.paths import resolve_paths
+from orchestrator.driver.scaling import cpu_share
 from orchestrator.sweep.space import SweepSpace
 
 POLL_S = 1.0
@@ -53,7 +54,7 @@ def compose_trial(ctx: TrialContext, params: dict, trial_id: str) -> DictConfig:
         cfg.hydra.sweep.subdir = trial_id
         cfg.hydra.job.id = trial_id
         if cfg.cluster.cpus_per_worker is None:  # concurrent trials share the cluster evenly
-            cfg.cluster.cpus_per_worker = round(min(1.0, ctx.cpu_budget / cfg.cluster.workers), 4)
+            cfg.cluster.cpus_per_worker = cpu_share(ctx.cpu_budget, cfg.cluster.workers)
         cfg.run.name = f"{ctx.run_name}-{trial_id}"  # trials differ: each its own checkpoints
     # The trial runs in Tune's working folder, not in the command's.
     resolve_paths(cfg, Path(ctx.command_dir))
