@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from trainers.pytorch.train import seed_step
+from trainers.pytorch.loop import seed_step
 
 
 def test_step_seed_gives_the_dropout_of_manual_seed():

@@ -19,10 +19,10 @@ from orchestrator.config.schema import DataConfig
 from orchestrator.errors import ConfigError
 from orchestrator.worker.training_function import check_training
 from trainers.pytorch.check import trial
+from trainers.pytorch.loop import Evaluation
 from trainers.pytorch.parts import build_model, build_optimizer, build_step, metric_names
 from trainers.pytorch.precision import Precision
 from trainers.pytorch.tasks import DEFAULT_METRICS, MetricSums
-from trainers.pytorch.train import Evaluation
 
 TASKS = ("classification", "regression", "language_model")
 STEPS = {"built-in loss": None, "step_fn -> loss": False, "step_fn -> (loss, metrics)": True}

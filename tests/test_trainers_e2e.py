@@ -75,7 +75,7 @@ def single_process_accuracy(trainer: str, rounds: int) -> float:
     if trainer == "xgboost":
         import xgboost as xgb
 
-        from trainers.xgboost.train import booster_params
+        from trainers.xgboost.loop import booster_params
 
         params = booster_params(config, DIGITS.num_classes, 0)
         booster = xgb.train(params, xgb.DMatrix(DIGITS.x_train, label=DIGITS.y_train), rounds)
@@ -83,7 +83,7 @@ def single_process_accuracy(trainer: str, rounds: int) -> float:
     else:
         import lightgbm as lgb
 
-        from trainers.lightgbm.train import booster_params
+        from trainers.lightgbm.loop import booster_params
 
         params = booster_params(config, DIGITS.num_classes, 0)
         booster = lgb.train(params, lgb.Dataset(DIGITS.x_train, label=DIGITS.y_train), rounds)

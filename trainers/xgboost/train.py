@@ -1,151 +1,26 @@
-"""XGBoost as a training function: one step is one boosting round.
+"""XGBoost as a training function (trainer=xgboost): trainer.fn=trainers.xgboost.train:main.
 
-Each worker boosts on its shard; Ray Train's xgboost backend wraps the function in xgboost's
-collective context, so histograms are all-reduced and every worker holds the same booster.
-A resume continues boosting from the saved booster (round r), not from zero.
+Declared here without importing xgboost: the driver reads this function's schema for every
+command, and a command refused for a wrong key must not wait for the framework's start-up.
+The framework judges the parameters in the check (once the keys are right) and trains in
+trainers/xgboost/loop.py, on the workers.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
-import xgboost as xgb
-
-from orchestrator.errors import ConfigError
 from orchestrator.worker_api import WorkerContext, training_function
-from trainers.boosting import (
-    after_round,
-    boosting_error_line,
-    metric_sums,
-    metrics_from_sums,
-    native_stderr_silenced,
-    test_metrics,
-    worker_rows,
-)
 from trainers.xgboost.config import XGBoostConfig
 
-PARAM_KEYS = ("max_depth", "eta", "subsample", "colsample_bytree", "min_child_weight",
-              "reg_lambda", "tree_method", "max_bin")
 
+def check_config(cfg: dict) -> None:
+    """The parameters, judged by XGBoost itself (trainers/xgboost/loop.py)."""
+    from trainers.xgboost.loop import check_config as check
 
-def default_objective(num_classes: int) -> str:
-    if num_classes == 0:
-        return "reg:squarederror"
-    return "binary:logistic" if num_classes == 2 else "multi:softprob"
-
-
-def booster_params(config: Mapping[str, Any], num_classes: int, seed: int) -> dict[str, Any]:
-    """num_classes 0: regression."""
-    params = {k: config[k] for k in PARAM_KEYS}
-    objective = config.get("objective") or default_objective(num_classes)
-    params.update(objective=objective, seed=seed)
-    if objective.startswith("multi:"):
-        params["num_class"] = num_classes
-    params.update(config.get("params") or {})
-    return params
-
-
-def check_config(cfg: Mapping[str, Any]) -> None:
-    """Let XGBoost itself judge the parameters, on a tiny problem, before Ray starts."""
-    config = cfg["trainer"]
-    x = np.array([[0.0], [1.0], [0.0], [1.0]], dtype=np.float32)
-    y = np.array([0, 1, 0, 1], dtype=np.float32)
-    classes = 0 if cfg["data"].get("task") == "regression" else 2
-    try:
-        with native_stderr_silenced():
-            xgb.train(booster_params(config, classes, 0), xgb.DMatrix(x, label=y), num_boost_round=1)
-    except xgb.core.XGBoostError as exc:
-        key = "trainer.objective" if config.get("objective") else "trainer.params"
-        raise ConfigError(f"{key}: XGBoost refuses it: {boosting_error_line(exc)}") from exc
-
-
-class _EachRound(xgb.callback.TrainingCallback):
-    def __init__(self, ctx: WorkerContext, samples: int, evaluate):
-        self.ctx, self.samples, self.evaluate = ctx, samples, evaluate
-
-    def after_iteration(self, model, epoch, evals_log) -> bool:
-        metrics = {f"train_{name}": float(history[-1])
-                   for name, history in evals_log.get("train", {}).items()}
-        return after_round(self.ctx, model.num_boosted_rounds(), metrics, self.samples,
-                           lambda: self.evaluate(model),
-                           lambda folder: model.save_model(str(folder / "model.ubj")))
-
-
-class ShareChunks(xgb.DataIter):
-    """This rank's row groups, one at a time, for a QuantileDMatrix: the share is sketched
-    and quantised chunk by chunk, never held whole as floats."""
-
-    def __init__(self, share, cache: str | None = None):
-        self.share, self._chunks = share, None
-        super().__init__(cache_prefix=cache)
-
-    def next(self, input_data) -> bool:
-        if self._chunks is None:
-            self._chunks = self.share.train_chunks()
-        chunk = next(self._chunks, None)
-        if chunk is None:
-            return False
-        input_data(data=chunk[0], label=chunk[1])
-        return True
-
-    def reset(self) -> None:
-        self._chunks = None
-
-
-def streamed_data(share, tcfg: Mapping[str, Any], params: dict):
-    """(train matrix, its rows, evaluate): this rank's share of streamed parquet (ctx.share());
-    held-out metrics are sums over the ranks' own test rows (xgboost's all-reduce)."""
-    if tcfg.get("external_memory"):  # the quantised pages live in the worker's local disk
-        folder = tempfile.mkdtemp(prefix="xgb-extmem-")
-        matrix = xgb.ExtMemQuantileDMatrix(ShareChunks(share, os.path.join(folder, "cache")),
-                                           max_bin=params["max_bin"])
-    else:
-        matrix = xgb.QuantileDMatrix(ShareChunks(share), max_bin=params["max_bin"])
-
-    def evaluate(model: xgb.Booster) -> dict[str, float]:
-        sums = sum((metric_sums(model.predict(xgb.DMatrix(x)), y, share.num_classes)
-                    for x, y in share.test_chunks()), start=np.zeros(1))
-        sums = np.asarray(sums, dtype=np.float64)
-        if xgb.collective.is_distributed():
-            sums = xgb.collective.allreduce(sums, xgb.collective.Op.SUM)
-        return metrics_from_sums(sums, share.num_classes)
-
-    return matrix, share.rows, evaluate
-
-
-def in_memory_data(ctx: WorkerContext):
-    data = ctx.dataset()
-    rows = worker_rows(len(data.y_train), ctx.rank, ctx.world_size)
-
-    def evaluate(model: xgb.Booster) -> dict[str, float]:
-        return test_metrics(model.predict(xgb.DMatrix(data.x_test)), data.y_test, data.num_classes)
-
-    return (xgb.DMatrix(data.x_train[rows], label=data.y_train[rows]), len(data.y_train),
-            data.num_classes, evaluate)
+    check(cfg)
 
 
 @training_function(config=XGBoostConfig, check=check_config, step_unit="round", streams=True)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
-    tcfg = cfg["trainer"]
-    threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if ctx.streamed:
-        share = ctx.share()
-        classes = share.num_classes
-        params = booster_params(tcfg, classes, ctx.seed) | {"nthread": threads}
-        dtrain, samples, evaluate = streamed_data(share, tcfg, params)
-    else:
-        dtrain, samples, classes, evaluate = in_memory_data(ctx)
-        params = booster_params(tcfg, classes, ctx.seed) | {"nthread": threads}
-    booster = None
-    if (path := ctx.restore()) is not None:
-        booster = xgb.Booster(params=params, model_file=str(path / "model.ubj"))
-    ctx.total_steps = int(tcfg["num_boost_round"])
-    if ctx.start_step < ctx.total_steps:
-        booster = xgb.train(params, dtrain, num_boost_round=ctx.total_steps - ctx.start_step,
-                            evals=[(dtrain, "train")], verbose_eval=False, xgb_model=booster,
-                            callbacks=[_EachRound(ctx, samples, evaluate)])
-    return None if ctx.should_preempt() else evaluate(booster)
+    from trainers.xgboost.loop import main as loop
+
+    return loop(ctx, cfg)
