@@ -8,7 +8,7 @@ import re
 
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from orchestrator.errors import one_line
+from orchestrator.errors import ConfigError, one_line
 
 _TYPE_NAMES = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false",
                "String": "a string"}
@@ -47,3 +47,13 @@ def _expected_type(message: str) -> str | None:
     if re.search(r"Cannot assign \w+ to Dict", message):
         return "a config node: set its keys (<key>._target_=..., <key>.lr=...)"
     return None
+
+
+def as_config_error(exc: Exception, prefix: str = "") -> ConfigError:
+    """The ConfigError to raise for an OmegaConf error: a check of ours that OmegaConf wrapped
+    (a dataclass's __post_init__) comes out as it was, anything else as composition_error's
+    line."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, ConfigError):
+        return cause
+    return ConfigError(composition_error(exc, prefix))

@@ -14,7 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.config.messages import composition_error
+from orchestrator.config.messages import as_config_error, composition_error
 from orchestrator.config.paths import resolve_paths
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError, one_line
@@ -133,10 +133,7 @@ def sweep_trials(overrides: list[str]) -> list[list[str]]:
     except ConfigError:
         raise
     except OmegaConfBaseException as exc:
-        cause = exc.__cause__ or exc.__context__
-        if isinstance(cause, ConfigError):
-            raise cause from None
-        raise ConfigError(composition_error(exc)) from exc
+        raise as_config_error(exc) from None
     space = build_space(task, dict(conf.params))
     check_search(space, conf.search)
     if conf.early_stopping.enabled and conf.metric.startswith("test_") and \

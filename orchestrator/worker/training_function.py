@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.config.messages import composition_error
+from orchestrator.config.messages import as_config_error
 from orchestrator.config.once import decided_once
 from orchestrator.config.rules import require_path_name
 from orchestrator.driver.backends import Backend, backend_named
@@ -109,10 +109,7 @@ def validated(trainer: dict, schema: type | None) -> dict:
     except ConfigError:
         raise
     except OmegaConfBaseException as exc:
-        cause = exc.__cause__ or exc.__context__
-        if isinstance(cause, ConfigError):
-            raise cause from None
-        raise ConfigError(composition_error(exc, prefix="trainer.")) from None
+        raise as_config_error(exc, prefix="trainer.") from None
     return OmegaConf.to_container(merged, resolve=True)
 
 
