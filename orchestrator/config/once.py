@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _answers: dict[str, Any] | None = None
+_parts_tried = False  # by the command that started this process (a sweep's driver)
 
 
 @contextmanager
@@ -39,3 +40,21 @@ def decided_once(kind: str, keys: Any, decide: Callable[[], T]) -> T:
     if key not in _answers:
         _answers[key] = decide()
     return _answers[key]
+
+
+@contextmanager
+def parts_tried_by_the_sweep() -> Iterator[None]:
+    """A sweep's trial: the sweep's driver checked every trial's config before the first one
+    started (preflight.check_command_line), its trial of the user's parts included, so the
+    trial does not try them again (a forward/backward, and the framework's start-up, on every
+    trial). Its config is still checked against the schema."""
+    global _parts_tried
+    _parts_tried = True
+    try:
+        yield
+    finally:
+        _parts_tried = False
+
+
+def parts_tried() -> bool:
+    return _parts_tried

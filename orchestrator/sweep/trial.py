@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
+from orchestrator.config.once import parts_tried_by_the_sweep
 from orchestrator.config.paths import resolve_paths
 from orchestrator.driver.scaling import cpu_share
 from orchestrator.sweep.space import SweepSpace
@@ -113,7 +114,8 @@ def _task(outcome: dict):
 
         from orchestrator.driver.launch import launch
 
-        code = launch(cfg, Path(HydraConfig.get().runtime.output_dir), time.time())
+        with parts_tried_by_the_sweep():  # by the sweep's driver, before any trial
+            code = launch(cfg, Path(HydraConfig.get().runtime.output_dir), time.time())
         outcome["code"] = code
         return code
 

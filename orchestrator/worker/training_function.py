@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.config.messages import as_config_error
-from orchestrator.config.once import decided_once
+from orchestrator.config.once import decided_once, parts_tried
 from orchestrator.config.rules import require_path_name
 from orchestrator.driver.backends import Backend, backend_named
 from orchestrator.errors import ConfigError, one_line
@@ -85,7 +85,7 @@ def _check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None) 
     check_signature(fn, path)
     info = training_info(fn)
     config = validated(dict(trainer), info.config)
-    if info.check is not None:
+    if info.check is not None and not parts_tried():  # once per command (config/once.py)
         info.check({"trainer": config, "data": dict(data or {})})
     return Training(path, fn, info, backend, config)
 
