@@ -7,6 +7,7 @@ import json
 import threading
 from concurrent.futures import Future
 
+import pyarrow.fs as pafs
 import pytest
 
 from orchestrator.checkpoint.committer import Committer
@@ -15,6 +16,7 @@ from orchestrator.checkpoint.policy import CheckpointPolicy
 from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import (
     MANIFEST,
+    PARTS,
     CheckpointStore,
     CorruptCheckpoint,
     IncompleteCheckpoint,
@@ -153,6 +155,40 @@ def test_a_missing_part_is_never_committed_and_the_older_checkpoint_stays_latest
     rank0 = Committer(store, 0, 2, "att3", asynchronous=False, backoff=Backoff(deadline_s=0.5))
     rank0.snapshot(20, rank_folder(tmp_path / "again", 0, {"model.pt": b"new"}), {})
     assert store.latest().step == 10
+
+
+class FlakyListings:
+    """The store's filesystem, whose next ``failures`` listings of a .parts folder fail (an
+    S3 503, a dropped connection); everything else goes through to the real one."""
+
+    def __init__(self, fs, failures: int):
+        self.fs, self.failures = fs, failures
+
+    def get_file_info(self, what):
+        if isinstance(what, pafs.FileSelector) and what.base_dir.endswith(PARTS) and self.failures:
+            self.failures -= 1
+            raise OSError("listing failed: HTTP 503 Slow Down")
+        return self.fs.get_file_info(what)
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+
+def test_a_listing_error_while_waiting_for_parts_is_retried(store, tmp_path):
+    """The wait for every rank's part gave the checkpoint up at the first listing error,
+    though its parts were all there; it now retries like every other operation."""
+    store.fs, failures = FlakyListings(store.fs, failures=2), []
+    fast = Backoff(first_s=0.01, max_s=0.02, deadline_s=5)
+    Committer(store, 0, 1, "att", asynchronous=False, backoff=fast,
+              on_failure=lambda s, e: failures.append(e)).snapshot(
+        10, rank_folder(tmp_path / "10", 0, {"m.pt": b"w"}), {})
+    assert failures == [] and store.fs.failures == 0 and store.latest().step == 10
+    # One that outlasts the wait gives the checkpoint up, with the listing's error.
+    store.fs.failures = 10**6
+    Committer(store, 0, 1, "att", asynchronous=False, backoff=Backoff(0.01, 0.02, 0.2),
+              on_failure=lambda s, e: failures.append(e)).snapshot(
+        20, rank_folder(tmp_path / "20", 0, {"m.pt": b"w"}), {})
+    assert "503 Slow Down" in str(failures[0]) and store.latest().step == 10
 
 
 def test_two_ranks_writing_the_same_file_is_refused(store, tmp_path):

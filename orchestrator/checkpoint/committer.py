@@ -115,7 +115,7 @@ class Committer:
             saved = None
             if self.rank == 0:
                 parts = self.store.wait_for_parts(snap.step, self.attempt, self.world_size,
-                                                  self.backoff.deadline_s)
+                                                  self.backoff)
                 saved = self.store.commit(snap.step, parts, snap.meta, self.backoff)
                 save_s = max(p.get("save_s", 0.0) for p in parts.values())
                 write_s = max(p.get("write_s", 0.0) for p in parts.values())

@@ -251,17 +251,22 @@ class CheckpointStore:
                     found[int(match.group(1))] = json.loads(f.read())
         return found
 
-    def wait_for_parts(self, step: int, attempt: str, world_size: int, timeout_s: float,
-                       poll_s: float = 0.02) -> dict[int, dict]:
-        deadline = time.monotonic() + timeout_s
+    def wait_for_parts(self, step: int, attempt: str, world_size: int,
+                       backoff: Backoff = DEFAULT_BACKOFF, poll_s: float = 0.02) -> dict[int, dict]:
+        """Every rank's part record of ``attempt``, polled for up to ``backoff.deadline_s``."""
+        deadline = time.monotonic() + backoff.deadline_s
+        where = f"listing the parts of {self.ref(step).uri}"
         while True:
-            found = self.parts(step, attempt)
+            # A listing error is retried like any other operation, within what is left of the
+            # wait: the parts may all be there (it used to abandon the checkpoint at once).
+            left = Backoff(backoff.first_s, backoff.max_s, max(deadline - time.monotonic(), 0.0))
+            found = with_retries(where, lambda: self.parts(step, attempt), left)
             if len(found) >= world_size:
                 return found
             if time.monotonic() > deadline:
                 missing = sorted(set(range(world_size)) - set(found))
                 raise IncompleteCheckpoint(f"{self.ref(step).uri}: no part from rank(s) {missing} "
-                                           f"after {timeout_s:.0f} s")
+                                           f"after {backoff.deadline_s:.0f} s")
             time.sleep(poll_s)
             poll_s = min(poll_s * 1.5, 0.5)
 
