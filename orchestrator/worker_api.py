@@ -196,8 +196,9 @@ class WorkerContext:
 
     # -- restoring -----------------------------------------------------------------------
     def restore(self) -> Path | None:
-        """A local directory holding the newest committed checkpoint (every rank's files and
-        its manifest.json, checked against their checksums), or None on a fresh start. Every
+        """A local directory holding the newest committed checkpoint (the files its manifest
+        lists, every rank's, and manifest.json, checked against their checksums; on any store,
+        nothing else), or None on a fresh start. Every
         rank gets the same checkpoint, taken at ``start_step``. Read it; do not write into it."""
         if self._start.ref is None:
             return None

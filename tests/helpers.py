@@ -81,7 +81,7 @@ def plant_manifest(store: CheckpointStore, step: int, name: str, data: bytes = b
     with store.fs.open_output_stream(join(ref.path, MANIFEST)) as f:
         f.write(json.dumps(manifest).encode())
     if store.is_local:
-        return  # a local folder's files are read where they are, never copied
+        return  # a local store's files are only ever linked from its own folder
     try:
         with store.fs.open_output_stream(join(ref.path, name)) as f:
             f.write(data)

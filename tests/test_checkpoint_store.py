@@ -3,7 +3,9 @@ multi-writer protocol (every rank's part, manifest last); the checkpoint policy.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import threading
 from concurrent.futures import Future
 
@@ -189,6 +191,39 @@ def test_a_listing_error_while_waiting_for_parts_is_retried(store, tmp_path):
               on_failure=lambda s, e: failures.append(e)).snapshot(
         20, rank_folder(tmp_path / "20", 0, {"m.pt": b"w"}), {})
     assert "503 Slow Down" in str(failures[0]) and store.latest().step == 10
+
+
+def test_a_local_checkpoint_is_fetched_as_its_manifests_files_only(store, tmp_path):
+    """A world-size-4 attempt that never committed left its rank_3.json in the step's folder,
+    and every attempt its part record in .parts/: a local store's fetch (what restore()
+    returns) handed over that live folder, where an object store gives the manifest's files."""
+    Committer(store, 3, 4, "a4", asynchronous=False).snapshot(
+        10, rank_folder(tmp_path / "a4", 3, {"rank_3.json": b"3"}), {})
+    for rank in (1, 0):
+        Committer(store, rank, 2, "a2", asynchronous=False).snapshot(
+            10, rank_folder(tmp_path / "a2", rank, {f"rank_{rank}.json": b"%d" % rank}), {})
+    live = tmp_path / "run" / step_dir(10)
+    assert {"rank_3.json", PARTS} <= {p.name for p in live.iterdir()}
+    view = store.fetch(store.latest(), tmp_path / "cache")
+    assert view != live and sorted(p.name for p in view.iterdir()) == [
+        MANIFEST, "rank_0.json", "rank_1.json"]
+    assert (view / "rank_1.json").read_bytes() == b"1"
+    # A file found corrupt there fails the fetch, and leaves no half-made view behind.
+    (live / "rank_1.json").write_bytes(b"x")
+    with pytest.raises(CorruptCheckpoint, match="rank_1.json does not match"):
+        store.fetch(store.latest(), tmp_path / "cache")
+    assert not (tmp_path / "cache" / step_dir(10)).exists()
+
+
+def test_a_cache_on_another_disk_links_the_files_symbolically(store, tmp_path, monkeypatch):
+    def cross_device(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    store.save(10, {"model.pt": b"weights"})
+    monkeypatch.setattr(os, "link", cross_device)
+    view = store.fetch(store.latest(), tmp_path / "cache")
+    assert (view / "model.pt").is_symlink() and (view / "model.pt").read_bytes() == b"weights"
+    assert sorted(p.name for p in view.iterdir()) == [MANIFEST, "model.pt"]
 
 
 def test_two_ranks_writing_the_same_file_is_refused(store, tmp_path):

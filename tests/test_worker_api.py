@@ -93,6 +93,8 @@ def test_saves_by_policy_and_at_the_end_and_a_new_attempt_restores_the_newest(tm
 
     again = context(tmp_path, every_steps=5)
     assert again.start_step == 12 and (again.restore() / "state.txt").read_text() == "12"
+    # The checkpoint's files and manifest only, as from an object store: not its .parts/.
+    assert sorted(p.name for p in again.restore().iterdir()) == ["manifest.json", "state.txt"]
     assert not again.should_save(12)  # the checkpoint it resumed from is not taken again
 
 

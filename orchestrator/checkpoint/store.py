@@ -123,26 +123,45 @@ class CheckpointStore:
         return manifest
 
     def fetch(self, ref: CheckpointRef, cache: Path, verify: bool = True) -> Path:
-        """A local directory holding the checkpoint's files (every rank's) and its manifest,
-        each file checked against the manifest. A local store's folder is used where it is;
-        an object store's files are downloaded into ``cache`` (hashed as they stream)."""
+        """A local directory ``cache/step_<n>`` holding the checkpoint's files (every rank's)
+        and its manifest, nothing else, each file checked against the manifest: the same view
+        from every store. A local store's files are linked in (_link); an object store's are
+        downloaded (hashed as they stream). ``verify=False`` skips a local file's hash."""
         manifest = self.read_manifest(ref)
-        if self.is_local:
-            folder = Path(ref.path)
-            for name, entry in manifest["files"].items():
-                path = folder / name
-                if not path.is_file() or path.stat().st_size != entry["bytes"]:
-                    raise CorruptCheckpoint(f"{ref.uri}/{name} is missing or has the wrong size")
-                if verify and sha256_of(path) != entry["sha256"]:
-                    raise CorruptCheckpoint(f"{ref.uri}/{name} does not match its manifest")
-            return folder
         folder = cache / step_dir(ref.step)
+        if self.is_local and folder.resolve() == Path(ref.path).resolve():
+            raise ValueError(f"the cache {cache} is the checkpoint's own store")  # rmtree below
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        for name, entry in manifest["files"].items():
-            self._download(ref, name, entry, folder / name)
+        try:
+            for name, entry in manifest["files"].items():
+                if self.is_local:
+                    self._link(ref, name, entry, folder / name, verify)
+                else:
+                    self._download(ref, name, entry, folder / name)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)  # a failed try leaves nothing behind
+            raise
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
         return folder
+
+    def _link(self, ref: CheckpointRef, name: str, entry: dict, target: Path, verify: bool) -> None:
+        """One file of a local store, hard-linked to ``target`` and checked there. The store's
+        folder also holds .parts/ and the files of attempts that never committed, which the
+        view leaves out. On another disk a symbolic link, not a copy: every rank of every
+        node would otherwise copy the whole checkpoint."""
+        source = Path(ref.path) / name
+        if not source.is_file():
+            raise CorruptCheckpoint(f"{ref.uri}/{name} is missing or has the wrong size")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)  # the same file, kept even if the store later replaces it
+        except OSError:
+            target.symlink_to(source.resolve())
+        if target.stat().st_size != entry["bytes"]:
+            raise CorruptCheckpoint(f"{ref.uri}/{name} is missing or has the wrong size")
+        if verify and sha256_of(target) != entry["sha256"]:
+            raise CorruptCheckpoint(f"{ref.uri}/{name} does not match its manifest")
 
     def _download(self, ref: CheckpointRef, name: str, entry: dict, target: Path) -> None:
         """One file, streamed into a fresh temporary name beside ``target`` and moved into
