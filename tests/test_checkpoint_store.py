@@ -82,6 +82,39 @@ def test_prune_keeps_the_newest_and_the_protected(store):
     assert store.prune(keep=0) == []
 
 
+def test_retention_goes_by_commit_order_so_a_run_that_resumed_older_keeps_its_work(tmp_path):
+    """Steps 800/900/1000 exist; a new attempt resumed from 800 (the newer ones unreadable).
+    Sorted by step, its fresh step-850 checkpoint was the oldest and deleted on commit."""
+    before = CheckpointStore(StorageSpec(str(tmp_path / "run")))
+    for step in (800, 900, 1000):
+        before.save(step, {"a": str(step).encode()})
+    after = CheckpointStore(StorageSpec(str(tmp_path / "run")))  # the new attempt's store
+    after.save(850, {"a": b"850"})
+    assert after.prune(keep=3, protect={800}) == []  # 800 is protected: nothing else is older
+    after.save(950, {"a": b"950"})
+    assert after.prune(keep=3, protect={800}) == [900]
+    after.save(1050, {"a": b"1050"})
+    assert after.prune(keep=3, protect={800}) == [1000]
+    assert [r.step for r in after.committed()] == [800, 850, 950, 1050]
+    # A later attempt that started over at step 0 keeps its step 50 over all of those, too.
+    again = CheckpointStore(StorageSpec(str(tmp_path / "run")))
+    again.save(50, {"a": b"50"})
+    assert again.prune(keep=2) == [800, 850, 950]
+    assert [r.step for r in again.committed()] == [50, 1050]
+
+
+def test_manifests_without_a_readable_sequence_come_first(store, tmp_path):
+    store.save(10, {"a": b"1"})
+    store.save(20, {"a": b"2"})
+    store.save(30, {"a": b"3"})
+    legacy = tmp_path / "run" / step_dir(30) / MANIFEST
+    legacy.write_text(json.dumps({k: v for k, v in json.loads(legacy.read_text()).items()
+                                  if k != "sequence"}))  # as written before manifests had one
+    (tmp_path / "run" / step_dir(10) / MANIFEST).write_text("{not json")
+    assert [store.commit_order(r)[0] for r in store.committed()] == [-1, 2, 0]
+    assert store.prune(keep=1) == [10, 30]
+
+
 def test_resume_source_is_a_checkpoint_or_a_run_folder(store, tmp_path):
     store.save(10, {"a": b"1"})
     store.save(20, {"a": b"2"})

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator.checkpoint.store import CheckpointStore, step_dir
 from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.errors import ConfigError
 from orchestrator.storage.location import StorageSpec
@@ -96,6 +97,25 @@ def test_saves_by_policy_and_at_the_end_and_a_new_attempt_restores_the_newest(tm
     # The checkpoint's files and manifest only, as from an object store: not its .parts/.
     assert sorted(p.name for p in again.restore().iterdir()) == ["manifest.json", "state.txt"]
     assert not again.should_save(12)  # the checkpoint it resumed from is not taken again
+
+
+def test_a_run_that_resumes_older_says_so_and_retention_keeps_what_it_writes(tmp_path):
+    """Steps 10 and 15 unreadable: the next attempt resumes from 5. Retention went by step, so
+    each checkpoint it wrote (6, 8: lower than 10 and 15) was deleted soon after its commit."""
+    first = context(tmp_path, every_steps=5, keep=3)
+    first.total_steps = 15
+    assert loop(first, 15) == [5, 10, 15]
+    for step in (10, 15):
+        (tmp_path / "run" / step_dir(step) / "state.txt").write_text("xx")  # same size
+    recorder = Recorder()
+    again = context(tmp_path, recorder=recorder, every_steps=2, keep=3)
+    assert again.start_step == 5
+    assert any("resumes from step 5, older than the 2 committed checkpoint(s) it could not read:"
+               in args[0] for args in recorder.named("warning"))
+    again.total_steps = 9
+    assert loop(again, 9) == [6, 8, 9]
+    store = CheckpointStore(StorageSpec(str(tmp_path / "run")))
+    assert [r.step for r in store.committed()] == [5, 6, 8, 9]  # 5: resumed from, protected
 
 
 def test_a_preemption_notice_saves_at_that_step_and_stops_the_loop(tmp_path):

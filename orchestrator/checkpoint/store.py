@@ -88,6 +88,7 @@ class CheckpointStore:
         self.spec = spec
         self.fs, self.root = spec.filesystem()
         self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._sequence: int | None = None  # the newest commit's sequence, once read (commit)
 
     def ref(self, step: int) -> CheckpointRef:
         name = step_dir(step)
@@ -291,7 +292,9 @@ class CheckpointStore:
 
     def commit(self, step: int, parts: Mapping[int, dict], meta: dict,
                backoff: Backoff = DEFAULT_BACKOFF) -> SavedCheckpoint:
-        """Write the manifest listing every rank's files: from now on the checkpoint exists."""
+        """Write the manifest listing every rank's files: from now on the checkpoint exists.
+        It carries the commit's sequence (one past the highest in the store), which retention
+        goes by."""
         started = time.perf_counter()
         files: dict[str, dict] = {}
         for rank in sorted(parts):
@@ -303,11 +306,14 @@ class CheckpointStore:
                                             f"{name!r} into the checkpoint at step {step}")
                 files[name] = {**entry, "rank": rank}
         ref = self.ref(step)
+        sequence = with_retries(f"reading the commit order in {self.spec.uri}",
+                                self._newest_sequence, backoff) + 1
         manifest = {"step": step, "world_size": len(parts), "files": files, "meta": meta,
-                    "committed_at": time.time()}
+                    "committed_at": time.time(), "sequence": sequence}
         with_retries(f"committing {ref.uri}",
                      lambda: self._write_atomically(join(ref.path, MANIFEST),
                                                     json.dumps(manifest, indent=1).encode()), backoff)
+        self._sequence = sequence
         total = sum(e["bytes"] for e in files.values())
         return SavedCheckpoint(ref, total, time.perf_counter() - started, meta)
 
@@ -337,16 +343,38 @@ class CheckpointStore:
                 f.write(data)
 
     def prune(self, keep: int, protect: set[int] = frozenset()) -> list[int]:
-        """Delete all but the newest ``keep`` committed checkpoints; never one in ``protect``."""
+        """Delete all but the ``keep`` last committed checkpoints; never one in ``protect``.
+        By commit order, not step: a run that resumed from an older step (the newer ones
+        unreadable) writes lower steps than those, and they are its newest work."""
         if keep <= 0:
             return []
-        refs = self.committed()
+        refs = sorted(self.committed(), key=self.commit_order)
         doomed = [r for r in refs[:-keep] if r.step not in protect]
         for ref in doomed:
             # The manifest goes first, so a half-deleted folder is never seen as committed.
             self.fs.delete_file(join(ref.path, MANIFEST))
             self.fs.delete_dir(ref.path)
         return [r.step for r in doomed]
+
+    def commit_order(self, ref: CheckpointRef) -> tuple[int, int]:
+        """Where a committed checkpoint stands in commit order: its manifest's sequence (0
+        where it has none: written before there was one), then its step. A manifest that
+        does not parse comes first; one that cannot be read raises (nothing is deleted).
+        A sequence, not the clock: the nodes that commit one after another may disagree."""
+        with self.fs.open_input_stream(join(ref.path, MANIFEST)) as f:
+            raw = f.read()
+        try:
+            sequence = json.loads(raw).get("sequence", 0)
+        except (ValueError, AttributeError):
+            sequence = -1
+        return (sequence if type(sequence) is int else 0, ref.step)
+
+    def _newest_sequence(self) -> int:
+        """The highest sequence among the committed manifests: read from all of them at this
+        store's first commit, then counted on by its own commits."""
+        if self._sequence is None:
+            self._sequence = max((self.commit_order(r)[0] for r in self.committed()), default=0)
+        return self._sequence
 
 
 def listed_files(manifest: object, where: str) -> dict[str, dict]:

@@ -68,6 +68,11 @@ def choose_checkpoint(spec: WorkerSpec, cache: Path) -> tuple[dict, Path | None]
             other, ref = opened
             found, source = (ref, other.fetch(ref, cache)), True
             store = other
+    if skipped:  # retention goes by commit order (CheckpointStore.prune): its work is kept
+        start = f"resumes from step {found[0].step}" if found else "starts at step 0"
+        spec.recorder.warning.remote(
+            f"the run {start}, older than the {len(skipped)} committed checkpoint(s) it could "
+            "not read: retention keeps the checkpoints it writes now over those")
     if found is None:
         return {"step": 0}, None
     ref, path = found
