@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import threading
 from concurrent.futures import Future
 
@@ -25,6 +26,9 @@ from orchestrator.checkpoint.store import (
     open_source,
     step_dir,
 )
+from orchestrator.config.schema import Config, StorageConfig
+from orchestrator.driver.run_plan import make_plan
+from orchestrator.errors import ConfigError
 from orchestrator.storage.location import StorageSpec
 from tests.helpers import (
     assert_planted_one_refused,
@@ -122,6 +126,26 @@ def test_resume_source_is_a_checkpoint_or_a_run_folder(store, tmp_path):
     assert open_source(run)[1].step == 20
     assert open_source(run.child(step_dir(10)))[1].step == 10
     assert open_source(StorageSpec(str(tmp_path / "elsewhere"))) is None
+
+
+@pytest.mark.parametrize("removed", ["pruned", "deleted"])
+def test_a_resume_source_that_is_gone_is_an_input_error(store, tmp_path, removed):
+    """resume=<uri> whose checkpoint retention pruned, or someone deleted: the driver stops
+    with one line naming it (exit 2), never a silent fresh start."""
+    store.save(10, {"a": b"1"})
+    store.save(20, {"a": b"2"})
+    if removed == "pruned":
+        assert store.prune(keep=1) == [10]
+        gone = str(tmp_path / "run" / step_dir(10))
+    else:
+        shutil.rmtree(tmp_path / "run")
+        gone = str(tmp_path / "run")
+    cfg = Config(storage=StorageConfig(uri=str(tmp_path / "ckpt")), resume=gone)
+    with pytest.raises(ConfigError) as refused:
+        make_plan(cfg, {"name": "t"}, {"name": "d"})
+    assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
+    assert str(refused.value).startswith(f"resume={gone!r}: no committed checkpoint there")
+    assert not (tmp_path / "ckpt").exists()
 
 
 def test_every_ranks_part_is_committed_together_manifest_last(store, tmp_path):

@@ -4,6 +4,7 @@ committer are the real ones, on a local directory."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import pytest
 
 from orchestrator.checkpoint.store import CheckpointStore, step_dir
 from orchestrator.config.schema import CheckpointConfig, DataConfig
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 from orchestrator.storage.location import StorageSpec
 from orchestrator.worker.loop import WorkerSpec, start_point
+from orchestrator.worker.start import ResumeSourceGone
 from orchestrator.worker.training_function import check_training
 from orchestrator.worker_api import WorkerContext, WorkerLifecycle
 
@@ -59,10 +61,16 @@ class OneRank:
         return Notice(10**15) if self.checks == self.notice_at else None
 
 
-def context(tmp_path: Path, collective=None, recorder=None, **checkpoint) -> WorkerContext:
-    spec = WorkerSpec("tests.user_trainers:takes_one_argument", {}, DataConfig(),
-                      CheckpointConfig(**checkpoint), StorageSpec(str(tmp_path / "run")), None,
+def worker_spec(tmp_path: Path, recorder=None, resume_source: Path | None = None,
+                **checkpoint) -> WorkerSpec:
+    return WorkerSpec("tests.user_trainers:takes_one_argument", {}, DataConfig(),
+                      CheckpointConfig(**checkpoint), StorageSpec(str(tmp_path / "run")),
+                      StorageSpec(str(resume_source)) if resume_source else None,
                       seed=7, recorder=recorder or Recorder(), preemption_check_s=1.0)
+
+
+def context(tmp_path: Path, collective=None, recorder=None, **checkpoint) -> WorkerContext:
+    spec = worker_spec(tmp_path, recorder, **checkpoint)
     collective = collective or OneRank()
     workdir = tmp_path / f"work{len(list(tmp_path.glob('work*')))}"
     start = start_point(spec, 0, collective, workdir)
@@ -116,6 +124,20 @@ def test_a_run_that_resumes_older_says_so_and_retention_keeps_what_it_writes(tmp
     assert loop(again, 9) == [6, 8, 9]
     store = CheckpointStore(StorageSpec(str(tmp_path / "run")))
     assert [r.step for r in store.committed()] == [5, 6, 8, 9]  # 5: resumed from, protected
+
+
+def test_a_resume_source_gone_by_a_later_attempt_stops_it_with_the_reason(tmp_path):
+    """resume=<uri> checked by the driver, then pruned or deleted before an attempt of a run
+    with no checkpoint of its own: that attempt trained from step 0, silently."""
+    CheckpointStore(StorageSpec(str(tmp_path / "other"))).save(10, {"state.txt": b"10"})
+    spec = worker_spec(tmp_path, resume_source=tmp_path / "other" / step_dir(10))
+    assert start_point(spec, 0, OneRank(), tmp_path / "work0").step == 10
+    shutil.rmtree(tmp_path / "other")
+    with pytest.raises(ResumeSourceGone) as gone:
+        start_point(spec, 0, OneRank(), tmp_path / "work1")
+    line = one_line(gone.value)
+    assert line.startswith(f"resume={str(tmp_path / 'other' / step_dir(10))!r}: no committed")
+    assert "pruned or deleted" in line and "\n" not in str(gone.value)
 
 
 def test_a_preemption_notice_saves_at_that_step_and_stops_the_loop(tmp_path):

@@ -39,6 +39,10 @@ class Collective(Protocol):
     def preemption_info(self) -> Any: ...  # a barrier; the drain notice, or None
 
 
+class ResumeSourceGone(RuntimeError):
+    """resume=<uri> named a checkpoint the driver found, and a later attempt did not."""
+
+
 @dataclass
 class Start:
     """Where every worker of this attempt starts: the checkpoint rank 0 chose and verified."""
@@ -64,10 +68,13 @@ def choose_checkpoint(spec: WorkerSpec, cache: Path) -> tuple[dict, Path | None]
     source = False
     if found is None and spec.resume_source is not None:
         opened = open_source(spec.resume_source)
-        if opened is not None:
-            other, ref = opened
-            found, source = (ref, other.fetch(ref, cache)), True
-            store = other
+        if opened is None:  # the driver saw it: pruned or deleted since, never a silent step 0
+            raise ResumeSourceGone(
+                f"resume={spec.resume_source.uri!r}: no committed checkpoint there any more "
+                "(pruned or deleted since the run started), and the run has none of its own")
+        other, ref = opened
+        found, source = (ref, other.fetch(ref, cache)), True
+        store = other
     if skipped:  # retention goes by commit order (CheckpointStore.prune): its work is kept
         start = f"resumes from step {found[0].step}" if found else "starts at step 0"
         spec.recorder.warning.remote(
