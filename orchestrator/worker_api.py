@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -57,7 +57,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TrainingInfo:
     config: type | None = None  # a dataclass schema for cfg["trainer"], checked before Ray starts
-    check: Callable[[dict], None] | None = None  # more checks on cfg (raise ConfigError)
+    # More checks on cfg (raise ConfigError); it may return the names of the metrics the run
+    # will report (None: unknown), which a sweep's metric is checked against.
+    check: Callable[[dict], Iterable[str] | None] | None = None
     step_unit: str = "step"  # what the progress display counts ("round" for boosting)
     streams: bool = False  # reads large parquet data through ctx.stream() (a rank's share)
     # (trainer keys, cluster keys, the cluster keys given on the command line) -> cluster keys
@@ -65,14 +67,18 @@ class TrainingInfo:
     cluster: Callable[[dict, dict, set], dict] | None = None
 
 
-def training_function(config: type | None = None, check: Callable[[dict], None] | None = None,
+def training_function(config: type | None = None,
+                      check: Callable[[dict], Iterable[str] | None] | None = None,
                       step_unit: str = "step", streams: bool = False,
                       cluster: Callable[[dict, dict, set], dict] | None = None):
     """Optional decorator: the schema your ``trainer`` keys must fit (a dataclass whose
     ``__post_init__`` may raise ConfigError), extra checks ``check(cfg)`` on what the function
     will get (``{"trainer": ..., "data": ...}``: try your parts on a tiny batch, say), and the
     unit of a step. Bad input then stops the command with one line and exit code 2, before
-    any worker starts. ``streams``: the function reads data=parquet larger than
+    any worker starts. ``check`` may return the names of the metrics the run will report
+    (those given to ``step_done`` and ``eval_done``, and the returned ones): a sweep whose
+    ``hydra.sweeper.metric`` is none of them is then refused before its trials start; None
+    says nothing. ``streams``: the function reads data=parquet larger than
     data.stream_above_mb through ``ctx.stream()`` (its share, streamed) rather than
     ``ctx.dataset()`` (the whole data in memory)."""
 

@@ -1,12 +1,16 @@
 """A share's held-out metrics added over the ranks (trainers/boosting.py metric_sums) are the
-metrics of all the rows at once."""
+metrics of all the rows at once; the driver's check names the metrics the loop reports."""
 
 from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from trainers.boosting import metric_sums, metrics_from_sums
+from orchestrator.worker.training_function import check_training
+from trainers.boosting import held_out_names, metric_sums, metrics_from_sums
 from trainers.boosting import test_metrics as metrics_of_all_rows
 
 
@@ -27,7 +31,58 @@ def test_metrics_summed_over_ranks_are_the_metrics_of_all_rows(classes):
     parts = [slice(0, 1000), slice(1000, 1700), slice(1700, n)]  # three ranks' shares
     summed = metrics_from_sums(sum(metric_sums(prediction[p], y[p], classes) for p in parts),
                                classes)
-    assert set(summed) == set(whole)
+    assert set(summed) == set(whole) == set(held_out_names(classes))
     for name, value in whole.items():
         tolerance = 1e-3 if name == "test_auc" else 1e-9  # AUC from 4096-bin histograms
         assert summed[name] == pytest.approx(value, abs=tolerance), name
+
+
+class OneRank:
+    """The worker API as a single rank's loop sees it, keeping the names of what it reports."""
+
+    rank, world_size, seed, start_step, streamed, total_steps = 0, 1, 0, 0, False, None
+
+    def __init__(self, data):
+        self.data, self.reported = data, set()
+
+    def dataset(self):
+        return self.data
+
+    def restore(self):
+        return None
+
+    def step_done(self, step, metrics=None, samples=0):
+        self.reported |= set(metrics or {})
+
+    def should_evaluate(self, step):
+        return False
+
+    def should_save(self, step):
+        return False
+
+    def should_preempt(self):
+        return False
+
+
+@pytest.mark.parametrize("trainer, params, classes", [
+    *((trainer, {}, classes) for trainer in ("xgboost", "lightgbm") for classes in (0, 2, 3)),
+    ("xgboost", {"eval_metric": ["error", "logloss"]}, 2),  # the user's: the framework's log says
+])
+def test_the_check_names_what_the_loop_reports(trainer, params, classes):
+    data = {"task": "regression" if classes == 0 else "classification", "outputs": classes or 1}
+    training = check_training({"fn": f"trainers.{trainer}.train:main", "num_boost_round": 2,
+                               "params": params}, data)
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=60) if classes == 0 else np.arange(60) % classes
+    x = np.column_stack([y + rng.normal(scale=0.3, size=60), rng.normal(size=60)])
+    ctx = OneRank(SimpleNamespace(x_train=x[:40], y_train=y[:40], x_test=x[40:], y_test=y[40:],
+                                  num_classes=classes))
+    loop = importlib.import_module(f"trainers.{trainer}.loop")
+    final = loop.main(ctx, {"trainer": training.config, "data": data})
+    assert set(training.metrics) == set(final) | ctx.reported
+
+
+@pytest.mark.parametrize("trainer", ["xgboost", "lightgbm"])
+def test_a_check_that_does_not_know_the_classes_does_not_say(trainer):
+    training = check_training({"fn": f"trainers.{trainer}.train:main"}, {"task": "classification"})
+    assert training.metrics is None

@@ -8,8 +8,10 @@ import pytest
 from orchestrator.cli import CONF_DIR
 from orchestrator.config.preflight import check_command_line
 from orchestrator.errors import ConfigError
+from orchestrator.sweep.metric import RUN_FIGURES, check_metric
 from orchestrator.sweep.report import add_scaling, markdown
 from orchestrator.sweep.space import build_space, check_search, check_values, tune_space
+from orchestrator.sweep.trial import Progress
 
 
 def test_command_line_sweeps_win_over_the_search_params():
@@ -76,6 +78,60 @@ def test_an_invalid_value_anywhere_in_a_sweep_is_one_line(argv, key):
                                   "mwms_lr_workers"])
 def test_every_shipped_search_composes_for_every_value(name):
     assert check_command_line(["-m", f"hpo={name}"], CONF_DIR) >= 2
+
+
+def test_a_metric_is_refused_only_when_the_run_said_what_it_reports():
+    check_metric("test_mse", ["test_mse", "loss"], "regression")
+    check_metric("loss", ["test_mse", "loss"], "regression")  # a training metric
+    check_metric("samples_per_s", ["test_mse"], "regression")  # every trial's figures
+    check_metric("test_accuracy", None, None)  # a function that did not say: not refused
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.metric='test_accuracy' is not "
+                       r"reported by this run \(data.task=regression\): it reports test_mse, "
+                       r"loss, and every trial's samples_per_s, wall_s, "):
+        check_metric("test_accuracy", ["test_mse", "loss"], "regression")
+
+
+def test_every_trial_reports_the_run_figures():
+    record = {"steps": 10, "metrics": {"test_mse": 0.5}, "train_metrics": {"loss": 0.4},
+              "wall_s": 3.0, "samples_per_s": 50.0, "world_sizes": [{"size": 2}]}
+    final = Progress("test_mse", 2).final(record)
+    assert set(final) - {"test_mse", "loss", "final"} == set(RUN_FIGURES)
+
+
+REGRESSION = ["-m", "cluster.workers=1,2", "data.task=regression"]
+
+
+@pytest.mark.parametrize("sweeper", [
+    ["hydra.sweeper.search=optuna"],
+    ["hydra.sweeper.early_stopping.enabled=true", "run.eval_every_steps=10"],  # ASHA
+])
+def test_a_search_that_compares_trials_needs_a_metric_they_report(sweeper):
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.metric='test_accuracy' is not "
+                       r"reported by this run \(data.task=regression\): it reports test_mse, "
+                       r"test_r2, test_loss, loss, and every trial's samples_per_s"):
+        check_command_line([*REGRESSION, *sweeper], CONF_DIR)
+    assert check_command_line([*REGRESSION, *sweeper, "hydra.sweeper.metric=test_r2"],
+                              CONF_DIR) == 2
+
+
+@pytest.mark.parametrize("argv", [
+    REGRESSION,  # a grid over parallelism alone compares no metric
+    [*REGRESSION, "hydra.sweeper.search=optuna", "hydra.sweeper.metric=samples_per_s"],
+    ["-m", "cluster.workers=1,2", "hydra.sweeper.search=optuna", "trainer=function",
+     "trainer.fn=tests.user_trainers:fails_at_step_35"],  # its metrics unknown: not refused
+    ["-m", "cluster.workers=1,2", "hydra.sweeper.search=optuna", "trainer=function",
+     "trainer.fn=tests.user_trainers:reports_a_score", "hydra.sweeper.metric=score"],
+])
+def test_a_sweep_whose_metric_is_reported_or_unknown_or_not_compared_passes(argv):
+    assert check_command_line(argv, CONF_DIR) == 2
+
+
+def test_a_functions_own_metrics_are_what_its_sweep_is_checked_against():
+    with pytest.raises(ConfigError, match=r"\(data.task=classification\): it reports score, "
+                       "train_score, and every trial's"):
+        check_command_line(["-m", "cluster.workers=1,2", "hydra.sweeper.search=optuna",
+                            "trainer=function", "trainer.fn=tests.user_trainers:reports_a_score"],
+                           CONF_DIR)
 
 
 def test_scaling_compares_trials_that_differ_only_in_workers():

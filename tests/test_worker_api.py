@@ -208,6 +208,16 @@ def test_the_schemas_defaults_fill_in_and_a_plain_function_keeps_its_own_keys():
     assert own.config == {"fn": "tests.user_trainers:fails_at_step_35", "steps": 3, "anything": [1]}
 
 
+def test_a_check_may_say_which_metrics_the_run_reports():
+    assert check_training({"fn": "tests.user_trainers:reports_a_score"}).metrics == (
+        "score", "train_score")
+    assert check_training({"fn": "tests.user_trainers:fails_at_step_35"}).metrics is None
+    with pytest.raises(ConfigError, match=r"^trainer.fn='tests.user_trainers:check_returns_a_"
+                       r"number': its check returned a float: it may return the names of the "
+                       r"metrics the run reports \(a list of str\), or None$"):
+        check_training({"fn": "tests.user_trainers:check_returns_a_number"})
+
+
 def test_a_final_checkpoint_that_never_commits_is_not_a_success(tmp_path):
     """The worker asks after its last upload: a lost final checkpoint is an error (the run
     must not report success over it), a committed one is not."""

@@ -98,3 +98,19 @@ def _count_the_check(cfg):
 def counts_its_checks(ctx, cfg):
     """A function whose driver-side check (a user's trial of their parts) counts its calls."""
     return None
+
+
+def _its_metrics(cfg):
+    return ["score", "train_score"]
+
+
+@training_function(check=_its_metrics)
+def reports_a_score(ctx, cfg):
+    """A function whose check says what the run reports: a sweep may compare trials by score."""
+    ctx.step_done(1, {"train_score": 1.0})
+    return {"score": 1.0}
+
+
+@training_function(check=lambda cfg: 0.5)
+def check_returns_a_number(ctx, cfg):
+    return None

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
@@ -16,6 +17,22 @@ from sklearn.metrics import log_loss, roc_auc_score
 def worker_rows(num_rows: int, rank: int, world_size: int) -> np.ndarray:
     """Every world_size-th row: a resize re-shards the same data over the new workers."""
     return np.arange(rank, num_rows, world_size)
+
+
+def num_classes_of(data: Mapping[str, Any]) -> int | None:
+    """The classes the loop will see (0: regression), from the data config the driver
+    completed (data.outputs: the classes found in the data); None when it does not say."""
+    if data.get("task") == "regression":
+        return 0
+    classes = data.get("outputs") or data.get("classes")
+    return None if classes is None else int(classes)
+
+
+def held_out_names(num_classes: int) -> list[str]:
+    """The names of the metrics test_metrics (and metrics_from_sums) give."""
+    if num_classes == 0:
+        return ["test_rmse", "test_r2"]
+    return ["test_accuracy", "test_logloss", *(["test_auc"] if num_classes == 2 else [])]
 
 
 def test_metrics(prediction: np.ndarray, y: np.ndarray, num_classes: int) -> dict[str, float]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -18,6 +19,9 @@ from orchestrator.config.messages import as_config_error, composition_error
 from orchestrator.config.paths import resolve_paths
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError, one_line
+
+if TYPE_CHECKING:
+    from orchestrator.worker.training_function import Training
 
 # Hydra's flags: those that end the command early, and those that take a value.
 _NOTHING_TO_CHECK = {"-h", "--help", "--hydra-help", "--version", "-i", "--info",
@@ -76,22 +80,27 @@ def check_command_line(argv: list[str], conf_dir: Path) -> int:
     if split is None:
         return 0
     overrides, multirun = split
+    from orchestrator.sweep.metric import check_metric
     from orchestrator.worker.training_function import cluster_keys_given, size_cluster
 
     searchpath = [o for o in overrides if o.startswith("hydra.searchpath=")]
     with initialize_config_dir(str(conf_dir), version_base="1.3", job_name="preflight"):
-        trials = sweep_trials(overrides) if multirun else expand_sweep(overrides, False)
-        checked: set[str] = set()
+        trials, metric = sweep_trials(overrides) if multirun else \
+            (expand_sweep(overrides, False), None)
+        checked: dict[str, Training] = {}
         for trial in trials:
             cfg = compose_one(trial + searchpath)
             size_cluster(cfg, cluster_keys_given(trial))
             to_typed(cfg)  # its errors name the values as the user gave them
             resolve_paths(cfg, Path.cwd())  # as launch will: its checks are these (once.py)
-            check_trainer(cfg, to_typed(cfg), checked)
+            typed = to_typed(cfg)
+            training = check_trainer(cfg, typed, checked)
+            if metric is not None:  # every trial must report it: the search compares them
+                check_metric(metric, training.metrics, typed.data.task)
     return len(trials)
 
 
-def check_trainer(cfg, typed, checked: set[str]) -> None:
+def check_trainer(cfg, typed, checked: dict[str, Training]) -> Training:
     """The training function's checks (its schema; its framework judges its parameters; a
     trial of the user's parts), once per distinct trainer and data config, so that no trial
     of a sweep fails on input after others started."""
@@ -108,17 +117,20 @@ def check_trainer(cfg, typed, checked: set[str]) -> None:
     data = OmegaConf.to_container(cfg.data, resolve=True)
     key = json.dumps([trainer, data, typed.cluster.gpus_per_worker], sort_keys=True, default=str)
     if key not in checked:
-        checked.add(key)
-        check_cluster(check_training(trainer, data).backend, typed.cluster.gpus_per_worker)
+        checked[key] = check_training(trainer, data)
+        check_cluster(checked[key].backend, typed.cluster.gpus_per_worker)
+    return checked[key]
 
 
-def sweep_trials(overrides: list[str]) -> list[list[str]]:
+def sweep_trials(overrides: list[str]) -> tuple[list[list[str]], str | None]:
     """Every configuration a --multirun may compose: the command line's sweeps and the
     selected search's `hydra.sweeper.params` (an `hpo=<name>` config), with the sweeper's own
-    settings checked on the way."""
+    settings checked on the way; and the metric every trial must report (None: the search
+    compares none)."""
     from omegaconf import OmegaConf
 
     from orchestrator.sweep.config import SWEEPER_TARGET, RayTuneSweeperConf
+    from orchestrator.sweep.metric import needs_metric
     from orchestrator.sweep.space import build_space, check_search, check_values, parse
 
     task = [o for o in overrides if not is_hydra_override(o)]
@@ -127,7 +139,7 @@ def sweep_trials(overrides: list[str]) -> list[list[str]]:
     base = compose_one(plain + hydra_overrides, return_hydra_config=True)
     sweeper = base.hydra.sweeper
     if sweeper.get("_target_") != SWEEPER_TARGET:
-        return expand_sweep(task, True)  # another sweeper (hydra/sweeper=basic): its own rules
+        return expand_sweep(task, True), None  # another sweeper (hydra/sweeper=basic): its own rules
     try:
         conf: RayTuneSweeperConf = OmegaConf.to_object(sweeper)
     except ConfigError:
@@ -141,7 +153,7 @@ def sweep_trials(overrides: list[str]) -> list[list[str]]:
         raise ConfigError(
             "hydra.sweeper.early_stopping.enabled=true needs run.eval_every_steps (trials "
             f"report {conf.metric} only at the end otherwise): set run.eval_every_steps=N")
-    return check_values(space)
+    return check_values(space), conf.metric if needs_metric(conf) else None
 
 
 def compose_one(overrides: list[str], return_hydra_config: bool = False):

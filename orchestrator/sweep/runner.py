@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.schema import ClusterConfig
 from orchestrator.sweep.config import RayTuneSweeperConf
+from orchestrator.sweep.metric import needs_metric
 from orchestrator.sweep.report import write_report
 from orchestrator.sweep.space import SweepSpace, build_space, check_search, tune_space
 from orchestrator.sweep.trial import TrialContext, run_trial
@@ -163,11 +164,6 @@ def make_tuner(conf: RayTuneSweeperConf, ctx: TrialContext, sweep_dir: Path, gri
             trial_dirname_creator=lambda trial: trial.trial_id),
         run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0),
     )
-
-
-def needs_metric(conf: RayTuneSweeperConf) -> bool:
-    """Optuna and ASHA compare trials by the metric as they go; grid and random need none."""
-    return conf.search == "optuna" or conf.early_stopping.enabled
 
 
 class StopOnCtrlC:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, is_dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ class Training:
     info: TrainingInfo
     backend: Backend
     config: dict  # cfg["trainer"], checked, with the schema's defaults filled in
+    metrics: tuple[str, ...] | None = None  # what the run reports, as its check said (None: unknown)
 
 
 def import_function(path: str) -> Callable:
@@ -85,9 +86,22 @@ def _check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None) 
     check_signature(fn, path)
     info = training_info(fn)
     config = validated(dict(trainer), info.config)
+    metrics = None
     if info.check is not None and not parts_tried():  # once per command (config/once.py)
-        info.check({"trainer": config, "data": dict(data or {})})
-    return Training(path, fn, info, backend, config)
+        metrics = declared_metrics(info.check({"trainer": config, "data": dict(data or {})}), path)
+    return Training(path, fn, info, backend, config, metrics)
+
+
+def declared_metrics(names: Iterable[str] | None, path: str) -> tuple[str, ...] | None:
+    """What a check returned: the names of the metrics the run will report, or None."""
+    if names is None:
+        return None
+    listed = list(names) if isinstance(names, Iterable) and not isinstance(names, str) else None
+    if listed is None or not all(isinstance(n, str) for n in listed):
+        raise ConfigError(f"trainer.fn={path!r}: its check returned a {type(names).__name__}: it "
+                          "may return the names of the metrics the run reports (a list of "
+                          "str), or None")
+    return tuple(listed)
 
 
 def validated(trainer: dict, schema: type | None) -> dict:

@@ -21,7 +21,9 @@ from orchestrator.worker_api import WorkerContext
 from trainers.boosting import (
     after_round,
     boosting_error_line,
+    held_out_names,
     native_stderr_silenced,
+    num_classes_of,
     test_metrics,
     worker_rows,
 )
@@ -48,18 +50,28 @@ def booster_params(config: Mapping[str, Any], num_classes: int, seed: int) -> di
     return params
 
 
-def check_config(cfg: Mapping[str, Any]) -> None:
-    """Let LightGBM itself judge the parameters, on a tiny problem, before Ray starts."""
+def check_config(cfg: Mapping[str, Any]) -> list[str] | None:
+    """Let LightGBM itself judge the parameters, on a tiny problem, before Ray starts; the
+    names of the metrics the run will report (its evaluation log says the training ones), or
+    None when the data does not say how many classes it has."""
     config = cfg["trainer"]
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(40, 2)), np.tile([0.0, 1.0], 20)
-    classes = 0 if cfg["data"].get("task") == "regression" else 2
+    known = num_classes_of(cfg["data"])
+    classes = 2 if known is None else known
+    logged: dict = {}
     try:
         with native_stderr_silenced():
-            lgb.train(booster_params(config, classes, 0), lgb.Dataset(x, label=y), num_boost_round=1)
+            train_set = lgb.Dataset(x, label=y)
+            lgb.train(booster_params(config, classes, 0), train_set, num_boost_round=1,
+                      valid_sets=[train_set], valid_names=["train"],
+                      callbacks=[lgb.record_evaluation(logged)])
     except lgb.basic.LightGBMError as exc:
         key = "trainer.objective" if config.get("objective") else "trainer.params"
         raise ConfigError(f"{key}: LightGBM refuses it: {boosting_error_line(exc)}") from exc
+    if known is None:  # the metrics depend on the classes (test_auc for two)
+        return None
+    return held_out_names(classes) + [f"train_{name}" for name in logged.get("train", {})]
 
 
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:

@@ -12,11 +12,12 @@ from orchestrator.worker_api import WorkerContext, training_function
 from trainers.lightgbm.config import LightGBMConfig
 
 
-def check_config(cfg: dict) -> None:
-    """The parameters, judged by LightGBM itself (trainers/lightgbm/loop.py)."""
+def check_config(cfg: dict) -> list[str] | None:
+    """The parameters, judged by LightGBM itself (trainers/lightgbm/loop.py); the names of
+    the metrics the run will report."""
     from trainers.lightgbm.loop import check_config as check
 
-    check(cfg)
+    return check(cfg)
 
 
 @training_function(config=LightGBMConfig, check=check_config, step_unit="round")

@@ -81,19 +81,20 @@ def tiny_batch(dcfg: dict):
         return collate_function(dcfg.get("collate_fn"))(items)
 
 
-def check_parts(cfg: dict) -> None:
+def check_parts(cfg: dict) -> list[str] | None:
     """The trial, with the frameworks' warnings kept off the terminal (the user gets one
     line when something is wrong, nothing when all is well)."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trial(cfg)
+        return trial(cfg)
 
 
-def trial(cfg: dict) -> list[str]:
+def trial(cfg: dict) -> list[str] | None:
     """The training step, the evaluation step and its reduction, on the tiny batch; returns
-    the names of the held-out metrics the run will report."""
+    the names of the metrics the run will report: held-out ones (test_*), then the training
+    step's (loss, and a step function's own). None on the meta device (nothing evaluated)."""
     tcfg, dcfg = cfg["trainer"], cfg["data"]
     task = dcfg.get("task") or "classification"
     if tcfg.get("backend") not in ("torch", "gloo", "nccl"):
@@ -111,6 +112,7 @@ def trial(cfg: dict) -> list[str]:
     batch = to_device(tiny_batch(dcfg), device)
     if dcfg["name"] == "torch" and not meta:
         check_finite_items(batch, dcfg)
+    metrics: dict = {}  # the default step reports the loss alone while training
     if step.user_step is not None:
         with named("trainer.step_fn", "on a batch of data.train: "):
             loss, metrics = step(model, batch)
@@ -135,7 +137,9 @@ def trial(cfg: dict) -> list[str]:
         scheduler = build_scheduler(tcfg, optimizer)
         if scheduler is not None:
             scheduler.step()
-    return [] if meta else evaluation(tcfg, task, step, model, batch)
+    if meta:
+        return None
+    return evaluation(tcfg, task, step, model, batch) + ["loss", *metrics]
 
 
 def evaluation(tcfg: dict, task: str, step: Step, model, batch) -> list[str]:

@@ -13,11 +13,12 @@ from orchestrator.worker_api import WorkerContext, training_function
 from trainers.pytorch.config import PyTorchConfig
 
 
-def check_parts(cfg: dict) -> None:
-    """The parts built and tried on the driver (trainers/pytorch/check.py)."""
+def check_parts(cfg: dict) -> list[str] | None:
+    """The parts built and tried on the driver (trainers/pytorch/check.py); the names of the
+    metrics the run will report."""
     from trainers.pytorch.check import check_parts as check
 
-    check(cfg)
+    return check(cfg)
 
 
 @training_function(config=PyTorchConfig, check=check_parts, streams=True)

@@ -21,9 +21,11 @@ from orchestrator.worker_api import WorkerContext
 from trainers.boosting import (
     after_round,
     boosting_error_line,
+    held_out_names,
     metric_sums,
     metrics_from_sums,
     native_stderr_silenced,
+    num_classes_of,
     test_metrics,
     worker_rows,
 )
@@ -49,18 +51,27 @@ def booster_params(config: Mapping[str, Any], num_classes: int, seed: int) -> di
     return params
 
 
-def check_config(cfg: Mapping[str, Any]) -> None:
-    """Let XGBoost itself judge the parameters, on a tiny problem, before Ray starts."""
+def check_config(cfg: Mapping[str, Any]) -> list[str] | None:
+    """Let XGBoost itself judge the parameters, on a tiny problem, before Ray starts; the
+    names of the metrics the run will report (its evaluation log says the training ones), or
+    None when the data does not say how many classes it has."""
     config = cfg["trainer"]
     x = np.array([[0.0], [1.0], [0.0], [1.0]], dtype=np.float32)
     y = np.array([0, 1, 0, 1], dtype=np.float32)
-    classes = 0 if cfg["data"].get("task") == "regression" else 2
+    known = num_classes_of(cfg["data"])
+    classes = 2 if known is None else known
+    logged: dict = {}
     try:
         with native_stderr_silenced():
-            xgb.train(booster_params(config, classes, 0), xgb.DMatrix(x, label=y), num_boost_round=1)
+            matrix = xgb.DMatrix(x, label=y)
+            xgb.train(booster_params(config, classes, 0), matrix, num_boost_round=1,
+                      evals=[(matrix, "train")], evals_result=logged, verbose_eval=False)
     except xgb.core.XGBoostError as exc:
         key = "trainer.objective" if config.get("objective") else "trainer.params"
         raise ConfigError(f"{key}: XGBoost refuses it: {boosting_error_line(exc)}") from exc
+    if known is None:  # the metrics depend on the classes (test_auc for two)
+        return None
+    return held_out_names(classes) + [f"train_{name}" for name in logged.get("train", {})]
 
 
 class _EachRound(xgb.callback.TrainingCallback):

@@ -12,11 +12,12 @@ from orchestrator.worker_api import WorkerContext, training_function
 from trainers.xgboost.config import XGBoostConfig
 
 
-def check_config(cfg: dict) -> None:
-    """The parameters, judged by XGBoost itself (trainers/xgboost/loop.py)."""
+def check_config(cfg: dict) -> list[str] | None:
+    """The parameters, judged by XGBoost itself (trainers/xgboost/loop.py); the names of
+    the metrics the run will report."""
     from trainers.xgboost.loop import check_config as check
 
-    check(cfg)
+    return check(cfg)
 
 
 @training_function(config=XGBoostConfig, check=check_config, step_unit="round", streams=True)
