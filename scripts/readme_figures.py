@@ -46,7 +46,7 @@ RUNS = {  # name: (folder, arguments, the metrics of run.json the pages quote)
     "char_lm": ("examples/char_lm", ["-cd", "conf", "+experiment=char_lm"], ("test_perplexity",)),
     "regression": ("examples/regression", ["-cd", "conf", "+experiment=diabetes"], ("test_r2",)),
 }
-INLINE = re.compile(r"<!-- fig:(?P<key>[\w.]+) -->(?P<shown>.*?)<!-- /fig -->")
+INLINE = re.compile(r"<!-- fig:(?P<key>\w+\.\w+) -->(?P<shown>.*?)<!-- /fig -->")
 LINE = re.compile(r"^<!-- fig-line: (?P<template>.*?) -->\n(?P<block>```.*?\n```)", re.M | re.S)
 NUMBER = r"(-?\d+(?:\.\d+)?)"
 
