@@ -121,7 +121,7 @@ def quotes(text: str) -> list[Quote]:
     return sorted(found, key=lambda q: q.start)
 
 
-def value(figures: dict, key: str):
+def measured(figures: dict, key: str):
     run, _, field = key.partition(".")
     entry = figures.get(run, {})
     for source in (entry.get("metrics", {}), entry.get("baselines", {}), entry):
@@ -130,18 +130,18 @@ def value(figures: dict, key: str):
     return None
 
 
-def shown_as(value, shown: str) -> str:
-    """The value as the page would show it: to the decimals the page shows now."""
-    if isinstance(value, str):
-        return value
+def shown_as(figure, shown: str) -> str:
+    """The figure as the page would show it: to the decimals the page shows now."""
+    if isinstance(figure, str):
+        return figure
     decimals = len(shown.partition(".")[2]) if re.fullmatch(NUMBER, shown) else 4
-    return f"{value:.{decimals}f}"
+    return f"{figure:.{decimals}f}"
 
 
 def mismatches(text: str, figures: dict) -> list[dict]:
     wrong = []
     for q in quotes(text):
-        v = value(figures, q.key)
+        v = measured(figures, q.key)
         expected = "not in figures.json" if v is None else shown_as(v, q.shown)
         if q.shown != expected:
             wrong.append({"figure": q.key, "shown": q.shown, "measured": expected})
@@ -150,7 +150,7 @@ def mismatches(text: str, figures: dict) -> list[dict]:
 
 def rewrite(text: str, figures: dict) -> str:
     for q in reversed(quotes(text)):  # from the end: the earlier quotes' positions stay valid
-        v = value(figures, q.key)
+        v = measured(figures, q.key)
         if v is None:
             raise ValueError(f"{q.key} is quoted but not in figures.json")
         text = text[:q.start] + shown_as(v, q.shown) + text[q.end:]
