@@ -115,3 +115,29 @@ def test_a_ray_that_does_not_start_is_one_line(monkeypatch):
     assert message == ("cluster: Ray did not start (RuntimeError: Failed to start the dashboard); "
                        "the dashboard needs ray[default]'s packages: install them, or set "
                        "cluster.dashboard=false"), message
+
+
+def test_a_lost_recorder_is_one_line_and_run_json_keeps_what_it_last_wrote(tmp_path, capsys):
+    """The recorder actor died mid-run (its node, or the cluster took the driver for dead):
+    exit code 1 from one `error:` line, and run.json finished as failed over the progress the
+    recorder had written (not a traceback, not a record stuck at 'running')."""
+    from orchestrator.driver.launch import recorder_lost
+
+    path = tmp_path / "run.json"
+    at_start = RunRecord("r", "ddp", {}, "/ck", started_at=100.0)
+    written = RunRecord("r", "ddp", {}, "/ck", started_at=100.0)
+    written.group_started(2, 0, 110.0)
+    written.progress(40, 640, {"loss": 0.5}, 120.0)
+    written.write(str(path))
+    death = RuntimeError("The actor died unexpectedly before finishing this task.\n"
+                         "\tclass_name: RunRecorder\nThe actor never ran - it was cancelled.")
+    final = recorder_lost(death, path, at_start)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the run's recorder ended: The actor died")
+    on_disk = json.loads(path.read_text())
+    assert on_disk["status"] == final["status"] == "failed" and on_disk["steps"] == 40
+    assert on_disk["error"].endswith("it was cancelled.") and on_disk["wall_s"] > 0
+
+    path.unlink()  # nothing written yet: the record as the run began
+    assert recorder_lost(death, path, at_start)["steps"] == 0
+    assert json.loads(path.read_text())["status"] == "failed"

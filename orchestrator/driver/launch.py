@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 from omegaconf import DictConfig, OmegaConf
+from ray.exceptions import RayActorError
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
@@ -93,10 +96,13 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
             # the marker lets each worker check its own node, nodes joining later included.
             storage_marker = check_cluster_storage(run.plan, joined=session.joined)
-            recorder = open_record(run, cfg_node, session, output_dir, started_at)
-            code, status, error = train(run, session, recorder, output_dir, storage_marker,
-                                        winding_down)
-            final = ray.get(recorder.finish.remote(status, error))
+            record, recorder = open_record(run, cfg_node, session, output_dir, started_at)
+            try:
+                code, status, error = train(run, session, recorder, output_dir, storage_marker,
+                                            winding_down)
+                final = ray.get(recorder.finish.remote(status, error))
+            except RayActorError as exc:  # the recorder itself (the controller's is fit()'s)
+                code, final = 1, recorder_lost(exc, record_path, record)
     except ConfigError as exc:
         return input_error(exc)
     finally:
@@ -111,7 +117,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
 def open_record(run: CheckedRun, cfg_node: DictConfig, session: RaySession, output_dir: Path,
                 started_at: float):
     """Say where everything is, and start the run's recorder actor (run.json, TensorBoard,
-    metrics)."""
+    metrics): (the record as the run begins, the recorder)."""
     cfg, plan = run.cfg, run.plan
     record_path = output_dir / "run.json"
     tensorboard_dir = output_dir / "tensorboard" if cfg.log.tensorboard else None
@@ -129,8 +135,23 @@ def open_record(run: CheckedRun, cfg_node: DictConfig, session: RaySession, outp
     config = redact({**OmegaConf.to_container(cfg_node, resolve=True), "trainer": trainer})
     record = RunRecord(plan.run_name, trainer.get("name") or run.training.path, config,
                        plan.run_storage.uri, started_at=started_at)
-    return start_recorder(str(record_path), record,
-                          str(tensorboard_dir) if tensorboard_dir else None, cfg.log.metrics)
+    return record, start_recorder(str(record_path), record,
+                                  str(tensorboard_dir) if tensorboard_dir else None,
+                                  cfg.log.metrics)
+
+
+def recorder_lost(exc: Exception, record_path: Path, record: RunRecord) -> dict:
+    """The recorder actor died (its node lost, or the cluster took the driver for dead): one
+    line, and run.json finished from what the recorder last wrote (else the driver's copy)."""
+    error = f"the run's recorder ended: {actor_death(exc)}"
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    try:
+        record = RunRecord.from_dict(json.loads(record_path.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass  # nothing (readable) written yet: the record as the run began
+    record.finish("failed", error, time.time())
+    record.write(str(record_path))
+    return record.to_dict()
 
 
 def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, storage_marker,
@@ -222,7 +243,6 @@ def run_to_end(ray_trainer, winding_down: DeferredInterrupt, resumed: bool,
                recorder) -> tuple[int, str, str | None]:
     """fit(), and what it ended with: (exit code, run.json status, error). From its return on,
     a Ctrl-C no longer interrupts (winding_down)."""
-    from ray.exceptions import RayActorError
     from ray.train import TrainingFailedError
 
     try:

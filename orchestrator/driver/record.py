@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from orchestrator.driver.failure_policy import Verdict, WorkerError, classify
 from orchestrator.redaction import REDACTED, redact
@@ -166,6 +166,12 @@ class RunRecord:
     # -- output ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunRecord:
+        """A record as run.json holds it (its public fields; keys it does not know left out)."""
+        public = {f.name for f in fields(cls) if not f.name.startswith("_")}
+        return cls(**{k: v for k, v in data.items() if k in public})
 
     def write(self, path: str) -> None:
         tmp = f"{path}.tmp"
