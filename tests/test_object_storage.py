@@ -188,7 +188,9 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
     before = set(glob.glob(pattern))
     proc = start_run(tmp_path / "killed", *common, "run.name=killed", env=s3_env(s3_server))
     deadline = time.time() + 400
-    while not set(glob.glob(pattern)) - before and proc.poll() is None and time.time() < deadline:
+    while not set(glob.glob(pattern)) - before:
+        assert proc.poll() is None, f"the run ended ({proc.returncode}): {proc.communicate()[0][-4000:]}"
+        assert time.time() < deadline, f"no shard of step 20 in 400 s: {read_record(tmp_path / 'killed')}"
         time.sleep(0.02)
     rank1 = next(w["pid"] for w in read_record(tmp_path / "killed")["workers"] if w["rank"] == 1)
     os.kill(rank1, signal.SIGKILL)  # its shard of step 20 written locally, being uploaded
