@@ -229,6 +229,7 @@ class LocalHosts:
                   health: dict[str, int] | None = None) -> LocalHosts:
         """The head on host 1, `ray start --address` on every other host, all at once."""
         t0 = time.time()
+        self._started_with = (head_cpus, node_cpus, health)  # for restart_all
         self._health = {f"RAY_{k}": str(v) for k, v in (health or {}).items()}
         self._ray_start(self.head, head_cpus)
         self._wait_started(self.head)
@@ -268,6 +269,17 @@ class LocalHosts:
         self.stop_ray(host)
         self._ray_start(h, self._node_cpus)
         self._wait_started(h)
+
+    def restart_all(self) -> None:
+        """Every link up and every host's Ray started anew as start_ray first did: what a test
+        that failed midway left (a host cut off, a killed run's driver on the head) must not
+        fail the next one."""
+        for h in self.hosts:
+            if h.partitioned:
+                sh("ip", "netns", "exec", h.netns, "ip", "link", "set", "eth0", "up")
+                h.partitioned = False
+        self._stop_ray(self.hosts, timeout=10)
+        self.start_ray(*self._started_with)
 
     def stop_ray(self, host: int, timeout: float = 30) -> None:
         self._stop_ray([self.hosts[host - 1]], timeout)

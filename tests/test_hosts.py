@@ -46,6 +46,7 @@ class Cluster:
     hosts: LocalHosts
     s3: object  # scripts.s3_server.SeaweedS3, on host 1
     results: dict  # metrics of the runs so far, by test
+    suspect: bool = False  # a test failed on it: the next one gets the hosts' Ray anew
 
     def run_dir(self, name: str) -> Path:
         return self.hosts.root / "runs" / name
@@ -120,6 +121,18 @@ def cluster(tmp_path_factory):
         # instance, a crashed run's or a second checkout's, has a tag of its own).
         assert leftovers(tag) == {"netns": [], "links": [], "dirs": []}, leftovers(tag)
         assert not hosts.root.exists()
+
+
+@pytest.fixture(autouse=True)
+def fresh_ray_after_a_failed_test(cluster, request):
+    """One failed test must not fail the next: after a failure every host's link comes back
+    up and the hosts' Ray starts anew (~10 s, paid only then)."""
+    if cluster.suspect:
+        cluster.hosts.restart_all()
+        cluster.suspect = False
+    failed_before = request.session.testsfailed
+    yield
+    cluster.suspect = request.session.testsfailed > failed_before
 
 
 def keep_logs(hosts: LocalHosts, keep: Path) -> None:
