@@ -41,10 +41,12 @@ def test_a_bug_that_repeats_stops_the_run_without_burning_every_restart(ray_head
     assert result.returncode == 1, result.output[-3000:]
     rec = result.record
     assert rec["status"] == "failed" and rec["restarts"] == 1  # not 5
-    assert "ValueError: bad batch at step 35" in rec["error"] and "Traceback" in rec["error"]
+    assert "ValueError: bad batch at step 35" in rec["error"] and "Traceback" in rec["permanent_error"]
     assert [f["step"] for f in rec["failures"] if f["error"] == "ValueError"] == [35, 35]
-    assert "error: training failed permanently" in result.stderr
-    assert "worker rank 0 at step 35: ValueError" in result.stderr
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: {rec['error']}"], result.stderr[-3000:]  # one line, as recorded
+    assert errors[0].startswith("error: training failed permanently") and "\n" not in rec["error"]
+    assert "worker rank 0 at step 35: ValueError" in errors[0]
 
 
 def test_workers_the_cluster_cannot_place_stop_the_run_with_one_line(ray_head, tmp_path):

@@ -141,3 +141,33 @@ def test_a_lost_recorder_is_one_line_and_run_json_keeps_what_it_last_wrote(tmp_p
     path.unlink()  # nothing written yet: the record as the run began
     assert recorder_lost(death, path, at_start)["steps"] == 0
     assert json.loads(path.read_text())["status"] == "failed"
+
+
+def test_a_repeated_failure_is_one_line_and_one_after_the_last_step_says_training_is_kept():
+    """The failure that repeated is one line on the terminal and in run.json's error (the
+    traceback stays in permanent_error); one raised after the last training step (its
+    evaluation) says that the final checkpoint holds the training and the same command only
+    runs what comes after it."""
+    from orchestrator.driver.failure_policy import WorkerError
+
+    def failing(rec: RunRecord, step: int) -> str | None:
+        for group in range(2):  # the same error in two worker groups in a row: permanent
+            rec.group_started(2, step, 110.0 + group)
+            rec.worker_started(0, 1000 + group, "n")
+            rec.worker_error(WorkerError(0, step, "KeyError", "'sse'", "Traceback (most...)\n  x",
+                                         pid=1000 + group))
+        return rec.failure_line()
+
+    mid = RunRecord("r", "ddp", {}, "/ck", total_steps=640)
+    line = failing(mid, 320)
+    assert line == ("training failed permanently (the same error repeated after a restart), "
+                    "worker rank 0 at step 320: KeyError: 'sse' (traceback: run.json permanent_error)")
+    assert "Traceback" in mid.permanent_error
+
+    after = RunRecord("r", "ddp", {}, "/ck", total_steps=640)
+    after.checkpoint(640, "/ck/step_000000640", 10, 0.1, 0.1)
+    line = failing(after, 640)
+    assert line.startswith("the run failed after its last training step") and "\n" not in line
+    assert "the checkpoint at step 640 is committed: the same command resumes there" in line
+
+    assert RunRecord("r", "ddp", {}, "/ck").failure_line() is None

@@ -179,11 +179,10 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
                                          recorder)
     if watch.reason:
         code, status, error = 1, "failed", watch.reason
-    permanent = ray.get(recorder.permanent_error.remote())
+    permanent = ray.get(recorder.failure_line.remote())  # its traceback: run.json
     if permanent:
         code, status, error = 1, "failed", permanent
-        print(f"error: training failed permanently (the same error repeated after a "
-              f"restart), {permanent}", file=sys.stderr, flush=True)
+        print(f"error: {permanent}", file=sys.stderr, flush=True)
     elif code == 1:
         print(f"error: {error}", file=sys.stderr, flush=True)
     return code, status, error

@@ -54,6 +54,7 @@ class RunRecord:
     _group: int = 0  # worker groups seen so far (the first worker of each one counts it)
     _group_of_pid: dict = field(default_factory=dict)  # worker pid -> its group
     _preempted_since_start: bool = False
+    _permanent_step: int | None = None  # where the failure that repeated was raised
 
     # -- events ------------------------------------------------------------------------
     def group_started(self, world_size: int, step: int, at: float,
@@ -146,7 +147,25 @@ class RunRecord:
         if verdict.permanent and self.permanent_error is None:  # the first one is the cause
             self.permanent_error = (f"worker rank {error.rank} at step {error.step}: "
                                     f"{error.kind}: {error.message}\n{error.traceback}")
+            self._permanent_step = error.step
         return verdict
+
+    def failure_line(self) -> str | None:
+        """The failure that repeated, in one line (its traceback stays in permanent_error).
+        One raised after the last training step (the evaluation, the final metrics) is not
+        lost training: the line says which checkpoint holds it and what the same command does."""
+        if self.permanent_error is None:
+            return None
+        cause = self.permanent_error.splitlines()[0]
+        kept = max([c["step"] for c in self.checkpoints] + [self.resumed_from_step or 0])
+        after_training = bool(self.total_steps) and (self._permanent_step or 0) >= self.total_steps
+        if after_training and kept >= self.total_steps:
+            return (f"the run failed after its last training step (the same error repeated after "
+                    f"a restart), {cause}; the checkpoint at step {kept} is committed: the same "
+                    "command resumes there and only runs what comes after training (traceback: "
+                    "run.json permanent_error)")
+        return (f"training failed permanently (the same error repeated after a restart), {cause} "
+                "(traceback: run.json permanent_error)")
 
     def preemption_notice(self, step: int, deadline_s: float | None, nodes: list[str], at: float) -> None:
         self.preemptions += 1

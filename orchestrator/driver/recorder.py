@@ -208,6 +208,9 @@ class RunRecorder:
     def permanent_error(self) -> str | None:
         return self.record.permanent_error
 
+    def failure_line(self) -> str | None:
+        return self.record.failure_line()
+
     def preemption_notice(self, step: int, deadline_s: float | None, nodes: list[str], at: float) -> None:
         self.record.preemption_notice(step, deadline_s, nodes, at)
         left = f"{deadline_s:.0f}" if deadline_s is not None else "?"
