@@ -8,6 +8,10 @@ from orchestrator.ray_internals.knobs import AUTO_CONNECT
 # run there failed). Read by Ray when it is first imported.
 os.environ.setdefault(AUTO_CONNECT, "0")
 
+from orchestrator.redaction import hide_secrets_in_logs  # noqa: E402
+
+hide_secrets_in_logs()  # every log line of this command, its terminal and its files
+
 from orchestrator.cli import main  # noqa: E402  (after the variable above)
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from orchestrator.config.once import one_command
 from orchestrator.config.preflight import check_command_line
 from orchestrator.config.schema import register_configs
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, print_error
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 STARTED_AT = time.time()
@@ -64,6 +64,6 @@ def main() -> None:
         try:
             check_command_line(sys.argv[1:], CONF_DIR)
         except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+            print_error(str(exc))
             sys.exit(exc.exit_code)
         hydra_app()

@@ -1,6 +1,10 @@
 """Wrong input as an exception (exit code 2, docs/exit-codes.md), and an exception's message
 as the one line a user reads."""
 
+import sys
+
+from orchestrator.redaction import redact_text
+
 
 class ConfigError(ValueError):
     """Wrong input (config, path, credentials, dataset): exit 2, before any worker starts.
@@ -26,3 +30,9 @@ def one_line(exc: BaseException | str) -> str:
     fallback = type(exc).__name__ if isinstance(exc, BaseException) else "(no message)"
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [fallback]
     return " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
+def print_error(text: str) -> None:
+    """The orchestrator's `error: ...` line on stderr, with any secret in it hidden (a value
+    quoted back from a URL or the environment)."""
+    print(f"error: {redact_text(text)}", file=sys.stderr, flush=True)

@@ -1,5 +1,6 @@
 """Hiding secrets in what the orchestrator writes to files (run.json, Hydra's .hydra files,
-the sweep's sweep.json and scaling.md).
+the sweep's sweep.json and scaling.md) and to the terminal and log files (every log record,
+every error line).
 
 By key: a value under a secret-looking name (``secret_key``, ``api_key``, ``auth``,
 ``password``...) is hidden whatever it is. By value, in every string: the credentials of a URL
@@ -11,6 +12,7 @@ bearer token, and the values of the environment's secrets (AWS keys, ``RAY_AUTH_
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -86,3 +88,26 @@ def redact(value: Any, secrets: Iterable[str] | None = None, by_key: bool = True
     if isinstance(value, str):
         return redact_text(value, secrets)
     return value
+
+
+def hide_secrets_in_logs() -> None:
+    """Every log record this process makes, whatever its logger, has the secrets in its text
+    and its traceback hidden (the terminal, Hydra's <job>.log): a record factory rather than a
+    handler's filter, so that the handlers Hydra sets up later are covered too."""
+    make = logging.getLogRecordFactory()
+    if getattr(make, "hides_secrets", False):
+        return
+
+    def hidden(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            text = record.getMessage()
+        except Exception:  # a malformed call: the handler reports it, as without this
+            return record
+        record.msg, record.args = redact_text(text), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+        return record
+
+    hidden.hides_secrets = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(hidden)

@@ -143,3 +143,45 @@ def test_hydras_own_files_keep_no_secret(tmp_path):
     config = (run_dir / ".hydra" / "config.yaml").read_text()
     assert "lr: 0.1" in config and "http://***@host:9000" in config
     assert "${oc.env:AWS_SECRET_ACCESS_KEY}" in config  # a reference, not the secret
+
+
+def test_log_lines_and_error_lines_hide_secrets(monkeypatch, capsys):
+    """Every log record (whatever its logger, its traceback too) and every `error:` line."""
+    import io
+    import logging
+
+    from orchestrator.errors import print_error
+    from orchestrator.redaction import hide_secrets_in_logs
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ENV_SECRET)
+    factory = logging.getLogRecordFactory()
+    hide_secrets_in_logs()
+    logger, stream = logging.getLogger("ray.some.library"), io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    try:
+        logger.warning("endpoint %s, key %s", "http://user:pa55word-in-url@host:9000", ENV_SECRET)
+        try:
+            raise RuntimeError(f"cannot sign with {ENV_SECRET}")
+        except RuntimeError:
+            logger.exception("upload failed")
+    finally:
+        logger.removeHandler(handler)
+        logging.setLogRecordFactory(factory)
+    print_error(f"data.path='/data/{ENV_SECRET}': no parquet data there")
+    out = stream.getvalue() + capsys.readouterr().err
+    assert "pa55word-in-url" not in out and ENV_SECRET not in out, out
+    assert "http://***@host:9000" in out and "cannot sign with ***" in out
+    assert "error: data.path='/data/***': no parquet data there" in out
+
+
+def test_a_refused_command_prints_no_secret_of_its_environment(tmp_path):
+    """The real command: an `${oc.env:...}` value quoted back by the refusal is hidden."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AWS_SECRET_ACCESS_KEY": ENV_SECRET}
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", f"hydra.run.dir={tmp_path / 'run'}", "data=parquet",
+         "data.path=${oc.env:AWS_SECRET_ACCESS_KEY}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert ENV_SECRET not in result.stdout + result.stderr
+    assert result.stderr.startswith("error: data.path=") and "***" in result.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from orchestrator.driver.record import RunRecord, redact
 from orchestrator.driver.recorder import FaultReporter, start_recorder
 from orchestrator.driver.run_plan import RunPlan, complete_data, make_plan
 from orchestrator.driver.scaling import elastic_controller_env, scaling_kwargs
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, print_error
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
 from orchestrator.ray_internals.train_hooks import (
@@ -51,7 +50,7 @@ log = logging.getLogger("orchestrator")
 
 
 def input_error(exc: ConfigError) -> int:
-    print(f"error: {exc}", file=sys.stderr, flush=True)
+    print_error(str(exc))
     return exc.exit_code
 
 
@@ -144,7 +143,7 @@ def recorder_lost(exc: Exception, record_path: Path, record: RunRecord) -> dict:
     """The recorder actor died (its node lost, or the cluster took the driver for dead): one
     line, and run.json finished from what the recorder last wrote (else the driver's copy)."""
     error = f"the run's recorder ended: {actor_death(exc)}"
-    print(f"error: {error}", file=sys.stderr, flush=True)
+    print_error(error)
     try:
         record = RunRecord.from_dict(json.loads(record_path.read_text()))
     except (OSError, ValueError, TypeError):
@@ -182,9 +181,9 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     permanent = ray.get(recorder.failure_line.remote())  # its traceback: run.json
     if permanent:
         code, status, error = 1, "failed", permanent
-        print(f"error: {permanent}", file=sys.stderr, flush=True)
+        print_error(permanent)
     elif code == 1:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        print_error(error)
     return code, status, error
 
 

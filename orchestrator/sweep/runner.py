@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.schema import ClusterConfig
+from orchestrator.errors import print_error
 from orchestrator.sweep.config import RayTuneSweeperConf
 from orchestrator.sweep.metric import needs_metric
 from orchestrator.sweep.report import write_report
@@ -252,6 +252,5 @@ def print_summary(summary: dict, paths: dict, failed: list[dict]) -> None:
              ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     print(paths["markdown"].read_text(), flush=True)
     for r in failed:
-        print(f"error: trial {r['trial']} ({' '.join(r['overrides'])}) failed: {r['error']}",
-              file=sys.stderr, flush=True)
+        print_error(f"trial {r['trial']} ({' '.join(r['overrides'])}) failed: {r['error']}")
     log.info("sweep record: %s", paths["json"])
