@@ -171,3 +171,30 @@ def test_a_run_says_which_hook_a_ray_upgrade_took_away():
     missing = hooks_missing(Renamed())
     assert [m.split(" (")[1].split(")")[0] for m in missing] == [
         "_register_sigint_handler", "_create_default_callbacks"]
+
+
+def test_auto_follows_only_a_cluster_file_of_this_users_own(tmp_path, monkeypatch):
+    """/tmp/ray is every user's: a cluster file another user wrote (or may rewrite) would
+    have the driver send its Ray token to their address."""
+    import os
+
+    from orchestrator.driver import ray_session
+    from orchestrator.errors import ConfigError
+
+    recorded = tmp_path / "ray_current_cluster"
+    recorded.write_text("10.0.0.5:6379\n")
+    recorded.chmod(0o644)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray_session, "CURRENT_CLUSTER_FILE", recorded)
+    assert ray_session.resolve_address("auto") == "10.0.0.5:6379"
+
+    recorded.chmod(0o664)  # a user-private group's umask: still the user's own
+    assert ray_session.resolve_address("auto") == "10.0.0.5:6379"
+    recorded.chmod(0o666)
+    with pytest.raises(ConfigError, match=r"writable by other users .*mode 666.*not followed"):
+        ray_session.resolve_address("auto")
+    recorded.chmod(0o644)
+    monkeypatch.setattr(os, "getuid", lambda: recorded.stat().st_uid + 1)
+    with pytest.raises(ConfigError, match=r"^cluster.address='auto': .* is another user's"):
+        ray_session.resolve_address("auto")
+    assert ray_session.resolve_address("10.0.0.7:6379") == "10.0.0.7:6379"  # the user said so

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import stat
+from pathlib import Path
 
 import ray
 
@@ -34,13 +36,26 @@ def resolve_address(address: str) -> str:
     if env and env != "auto":
         return env
     if CURRENT_CLUSTER_FILE.exists():
-        recorded = CURRENT_CLUSTER_FILE.read_text().strip()
+        recorded = recorded_cluster(CURRENT_CLUSTER_FILE)
         if recorded:
             return recorded
     raise ConfigError(
         "cluster.address='auto' found no running Ray cluster on this machine: "
         "start one with `ray start --head`, set RAY_ADDRESS, or give host:port"
     )
+
+
+def recorded_cluster(path: Path) -> str:
+    """The address `ray start --head` recorded, if this user's own: the file lies in a folder
+    every user can write to, and the driver sends its Ray token to the address it names."""
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & stat.S_IWOTH:
+        whose = "another user's" if info.st_uid != os.getuid() else "writable by other users"
+        raise ConfigError(
+            f"cluster.address='auto': {path} is {whose} (uid {info.st_uid}, mode "
+            f"{stat.S_IMODE(info.st_mode):o}): not followed, since the driver would send its Ray "
+            "token there; set RAY_ADDRESS or give cluster.address=host:port")
+    return path.read_text().strip()
 
 
 def probe(address: str) -> None:
