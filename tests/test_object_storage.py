@@ -61,6 +61,22 @@ def test_a_corrupt_object_is_reported_and_the_older_checkpoint_used(s3_server, b
     assert len(skipped) == 1 and "step_000000020" in skipped[0]
 
 
+def test_a_corrupt_checkpoint_set_aside_is_written_again(s3_server, bucket, tmp_path):
+    """Its manifest moved aside (an object store's move: copy, then delete), the step is no
+    longer committed, and a new save of it commits."""
+    store = CheckpointStore(spec_for(s3_server, "aside"))
+    store.save(10, {"a": b"good"})
+    store.save(20, {"a": b"newer"})
+    with s3_server.filesystem().open_output_stream(f"ckpt-tests/aside/{step_dir(20)}/a") as f:
+        f.write(b"rot!!")
+    corrupt: list = []
+    ref, _ = store.newest_intact(tmp_path / "cache", [], corrupt)
+    assert ref.step == 10 and [r.step for r in corrupt] == [20]
+    assert store.set_aside(corrupt[0]).endswith(".json") and not store.is_committed(20)
+    store.save(20, {"a": b"again"})
+    assert store.load(store.ref(20))[0] == {"a": b"again"}
+
+
 @pytest.mark.parametrize("kind", ["absolute", "dotdot"])
 def test_a_planted_manifest_writes_nothing_outside_the_download_folder(s3_server, bucket, tmp_path,
                                                                        kind):

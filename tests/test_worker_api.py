@@ -126,6 +126,29 @@ def test_a_run_that_resumes_older_says_so_and_retention_keeps_what_it_writes(tmp
     assert [r.step for r in store.committed()] == [5, 6, 8, 9]  # 5: resumed from, protected
 
 
+def test_a_corrupt_checkpoint_is_written_again_when_training_reaches_its_step(tmp_path):
+    """Step 10 found corrupt at the start: it is uncommitted (its manifest set aside, with a
+    warning), so the attempt that resumes from 5 writes step 10 again and commits it, instead
+    of keeping the corrupt one as committed and skipping its upload."""
+    first = context(tmp_path, every_steps=5)
+    first.total_steps = 10
+    assert loop(first, 10) == [5, 10]
+    folder = tmp_path / "run" / step_dir(10)
+    (folder / "state.txt").write_text("xx")  # same size, other bytes
+    recorder = Recorder()
+    again = context(tmp_path, recorder=recorder, every_steps=5)
+    assert again.start_step == 5
+    warnings = [args[0] for args in recorder.named("warning")]
+    assert any("the corrupt checkpoint at step 10 is uncommitted" in w for w in warnings), warnings
+    assert len(list(folder.glob("manifest.corrupt-*.json"))) == 1
+    again.total_steps = 12
+    assert loop(again, 12) == [10, 12]
+    store = CheckpointStore(StorageSpec(str(tmp_path / "run")))
+    assert [r.step for r in store.committed()] == [5, 10, 12]
+    files, _ = store.load(store.ref(10))
+    assert files == {"state.txt": b"10"}  # written again, and intact
+
+
 def test_a_resume_source_gone_by_a_later_attempt_stops_it_with_the_reason(tmp_path):
     """resume=<uri> checked by the driver, then pruned or deleted before an attempt of a run
     with no checkpoint of its own: that attempt trained from step 0, silently."""

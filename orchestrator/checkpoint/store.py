@@ -184,9 +184,11 @@ class CheckpointStore:
                 os.unlink(tmp)
 
     def newest_intact(self, cache: Path, skipped: list[str] | None = None,
+                      corrupt: list[CheckpointRef] | None = None,
                       ) -> tuple[CheckpointRef, Path] | None:
-        """The newest checkpoint whose files match their manifest, fetched; corrupt ones are
-        logged and described in ``skipped``."""
+        """The newest checkpoint whose files match their manifest, fetched; unreadable ones
+        are logged and described in ``skipped``, and those whose content is wrong (not an
+        error of the disk or the network) listed in ``corrupt``."""
         for ref in reversed(self.committed()):
             try:
                 return ref, self.fetch(ref, cache)
@@ -195,7 +197,17 @@ class CheckpointStore:
                 log.warning(reason)
                 if skipped is not None:
                     skipped.append(reason)
+                if corrupt is not None and not isinstance(exc, OSError):
+                    corrupt.append(ref)
         return None
+
+    def set_aside(self, ref: CheckpointRef) -> str:
+        """Uncommit a corrupt checkpoint: its manifest moves to ``manifest.corrupt-<time>.json``
+        beside its files (kept for a look, never read), so that training writes the step again
+        when it gets there instead of keeping the corrupt one as committed. Returns the new name."""
+        aside = join(ref.path, f"manifest.corrupt-{int(time.time())}.json")
+        self.fs.move(join(ref.path, MANIFEST), aside)
+        return aside
 
     def load(self, ref: CheckpointRef) -> tuple[dict[str, bytes], dict]:
         """The files of a checkpoint as bytes, and its meta, checked against the manifest

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from orchestrator.checkpoint.store import CheckpointRef, CheckpointStore, open_source
 from orchestrator.config.schema import CheckpointConfig, DataConfig
+from orchestrator.errors import one_line
 from orchestrator.storage.location import StorageSpec
 
 
@@ -62,9 +63,20 @@ def choose_checkpoint(spec: WorkerSpec, cache: Path) -> tuple[dict, Path | None]
     reported and skipped. Returns what the other ranks need to find it, and the local copy."""
     store = CheckpointStore(spec.run_storage)
     skipped: list[str] = []
-    found = store.newest_intact(cache, skipped)
+    corrupt: list[CheckpointRef] = []
+    found = store.newest_intact(cache, skipped, corrupt)
     for reason in skipped:
         spec.recorder.warning.remote(reason)
+    for ref in corrupt:  # written again when training reaches its step (never kept as committed)
+        try:
+            aside = store.set_aside(ref)
+        except OSError as exc:
+            spec.recorder.warning.remote(f"the corrupt checkpoint at step {ref.step} could not be "
+                                         f"uncommitted ({one_line(exc)}): it stays as it is")
+            continue
+        spec.recorder.warning.remote(f"the corrupt checkpoint at step {ref.step} is uncommitted "
+                                     f"(its manifest moved to {aside}): training writes it again "
+                                     f"when it reaches step {ref.step}")
     source = False
     if found is None and spec.resume_source is not None:
         opened = open_source(spec.resume_source)
