@@ -388,3 +388,25 @@ def test_an_error_after_a_commit_does_not_end_the_upload_thread(store, tmp_path)
         committer.snapshot(step, rank_folder(tmp_path / str(step), 0, {"m.pt": b"w"}), {})
     committer.close()
     assert seen == [10, 20, 30, 40] and [r.step for r in store.committed()] == [10, 20, 30, 40]
+
+
+def test_leftovers_of_failed_writes_are_removed_when_a_worker_group_starts(tmp_path):
+    """A killed rank's staging folder and a step never committed, older than the newest
+    commit, go; a newer uncommitted step (written again anyway), a corrupt checkpoint's
+    set-aside manifest and every committed checkpoint stay."""
+    from orchestrator.checkpoint.cleanup import STAGING, remove_stale
+
+    store = CheckpointStore(StorageSpec(str(tmp_path / "run")))
+    store.save(10, {"a": b"10"})
+    store.save(20, {"a": b"20"})
+    root = tmp_path / "run"
+    for leftover in (root / step_dir(15) / "a", root / step_dir(30) / "a",
+                     root / step_dir(5) / "manifest.corrupt-1.json",
+                     root / STAGING / "dead0attempt-rank_00001" / step_dir(20) / "shard"):
+        leftover.parent.mkdir(parents=True, exist_ok=True)
+        leftover.write_bytes(b"x" * 100)
+    removed = remove_stale(store)
+    assert sorted(p.rsplit("/", 1)[-1] for p in removed) == ["dead0attempt-rank_00001", step_dir(15)]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == [
+        step_dir(5), step_dir(10), step_dir(20), step_dir(30)]
+    assert [r.step for r in store.committed()] == [10, 20] and remove_stale(store) == []

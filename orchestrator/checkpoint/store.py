@@ -68,6 +68,12 @@ def step_dir(step: int) -> str:
     return f"step_{step:09d}"
 
 
+def step_of(name: str) -> int | None:
+    """The step a checkpoint folder's name says (``step_000000100`` -> 100), else None."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
 def local_files(directory: Path) -> list[str]:
     """Every file under a directory, as sorted relative POSIX paths."""
     return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())

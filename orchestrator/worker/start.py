@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from orchestrator.checkpoint.cleanup import STAGING, remove_stale
 from orchestrator.checkpoint.store import CheckpointRef, CheckpointStore, open_source
 from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.errors import one_line
@@ -65,6 +66,7 @@ def choose_checkpoint(spec: WorkerSpec, cache: Path) -> tuple[dict, Path | None]
     skipped: list[str] = []
     corrupt: list[CheckpointRef] = []
     found = store.newest_intact(cache, skipped, corrupt)
+    remove_stale(store)  # failed writes of earlier attempts: nothing of the run writes now
     for reason in skipped:
         spec.recorder.warning.remote(reason)
     for ref in corrupt:  # written again when training reaches its step (never kept as committed)
@@ -126,5 +128,5 @@ def staging_root(store: CheckpointStore, attempt: str, rank: int, workdir: Path)
     """A local store's snapshots are written next to it (storing them is then a rename);
     an object store's on this node's disk."""
     if store.is_local:
-        return Path(store.root) / ".staging" / f"{attempt}-rank_{rank:05d}"
+        return Path(store.root) / STAGING / f"{attempt}-rank_{rank:05d}"
     return workdir / "staging"
