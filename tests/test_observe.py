@@ -160,10 +160,14 @@ def http_status(url: str, headers: dict) -> int:
 
 def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
     run_dir, out_path, dash = tmp_path / "run", tmp_path / "out.txt", free_port()
+    gate = tmp_path / "gate"  # the run holds at step 3000 until the metrics showed the restart
+    gate.touch()
     with open(out_path, "w") as out:  # a file, not a pipe: stdout is not a terminal
         proc = subprocess.Popen(
             cli_command(run_dir, f"storage.uri={tmp_path / 'ckpt'}", f"cluster.dashboard_port={dash}",
-                        "trainer.epochs=150", "checkpoint.every_steps=100", "log.progress_every_s=2"),
+                        "trainer.epochs=150", "checkpoint.every_steps=100", "log.progress_every_s=2",
+                        "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
+                        "+trainer.hold_at=3000", "+trainer.pace_s=0"),
             cwd=REPO, env=cli_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         # (a generous wait: Ray's start-up alone took minutes on the shared 2-core machine)
@@ -188,9 +192,11 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
         os.kill(rec["workers"][1]["pid"], signal.SIGKILL)  # a forced restart
         wait_for(lambda r: r.get("restarts") == 1 and r["steps"] > r["world_sizes"][-1]["step"],
                  run_dir)
-        # Ray exports every few seconds: scrape while the run goes until the restart shows.
+        # Ray exports every few seconds: scrape while the run holds until the restart shows
+        # (however fast the machine: a run that ended first closed the endpoint with it).
         seen: dict[str, float] = {}
-        while proc.poll() is None:
+        deadline = time.time() + 180
+        while proc.poll() is None and time.time() < deadline:
             try:
                 seen = scrape(metrics_url, rec["run_name"])
             except OSError:  # the endpoint closes with Ray at the run's end
@@ -200,8 +206,10 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
             if seen.get("ray_orchestrator_restarts") == 1 and SERIES <= seen.keys():
                 break
             time.sleep(1)
+        gate.unlink()  # the held run finishes
         assert proc.wait(timeout=600) == 0, out_path.read_text()[-4000:]
     finally:
+        gate.unlink(missing_ok=True)
         if proc.poll() is None:  # Ctrl-C: the command stops its embedded Ray itself
             proc.send_signal(signal.SIGINT)
             try:
