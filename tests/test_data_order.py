@@ -105,3 +105,50 @@ def test_the_bundled_digits_are_scikit_learns():
     expected = load_digits()
     assert np.array_equal(x, expected.data) and np.array_equal(y, expected.target)
     assert x.shape == (1797, 64) and set(y.tolist()) == set(range(10))
+
+
+class _Augmenting:
+    """A user's dataset whose items draw random numbers (augmentation) from torch, random and
+    numpy."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int):
+        import random
+
+        import torch
+
+        return torch.tensor([float(index), torch.rand(()).item(), random.random(),
+                             float(np.random.rand())])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_feed_draws_what_the_uninterrupted_one_drew_with_dataloader_workers(workers):
+    """Issue 26, 11: with DataLoader worker processes, the augmentation a resumed run draws
+    at a step is the uninterrupted run's (each micro-batch's fetch is seeded from (seed, step,
+    rank, micro-batch), not from which process fetched it or how many it fetched before)."""
+    import torch
+    from torch.utils.data import default_collate
+
+    from orchestrator.worker_api import Batches
+    from trainers.pytorch.data import StepPlan, step_batches
+
+    plan = StepPlan(Batches(DataOrder(7, 64, 8), rank=1, world_size=2), 2, micro_batch_size=2)
+
+    def feed(start: int) -> list:
+        def seed_of(step: int) -> int:
+            return step_seed(7, step, 1)
+
+        batches = step_batches(_Augmenting(), plan, start, 12, default_collate, workers,
+                               torch.device("cpu"), seed_of)
+        out = []
+        for step in range(start, 12):  # as the loop does: the step's seeding, then its fetches
+            torch.manual_seed(seed_of(step))
+            out.append(torch.cat([next(batches) for _ in plan.micro_batches(step)]))
+        return out
+
+    whole, resumed = feed(0), feed(5)
+    for step in range(5, 12):
+        assert torch.equal(whole[step], resumed[step - 5]), step
+    assert len({float(b[0, 1]) for b in whole}) == 12  # the draws differ from step to step

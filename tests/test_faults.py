@@ -25,6 +25,7 @@ def error(step=35, kind="ValueError", message="bad batch", rank=0) -> WorkerErro
         ([error(kind="RuntimeError")], error(), False),
         ([error(message="other")], error(), False),
         ([error(rank=1)], error(rank=0), True),  # the same bug, wherever it shows up
+        ([], WorkerError(0, 35, "NonFiniteLoss", "nan", "", retry=False), True),  # says so
     ],
 )
 def test_a_failure_is_permanent_when_it_repeats_at_the_same_step(history, new, permanent):

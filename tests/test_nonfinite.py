@@ -74,6 +74,7 @@ def test_a_nonfinite_loss_stops_the_loop_naming_the_step_unless_allowed(device, 
     for step in range(1, 5):
         watch.see(step, torch.tensor(1.0 / step))
     watch.check()
+    assert NonFiniteLoss.retry is False  # the failure policy stops the run at once
     with pytest.raises(NonFiniteLoss, match=rf"^the training loss is {bad} at step 5: stopped"):
         watch.see(5, torch.tensor(bad))  # on the CPU: at once
         watch.see(6, torch.tensor(-bad))  # on a device: the first bad step is kept

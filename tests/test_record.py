@@ -171,3 +171,10 @@ def test_a_repeated_failure_is_one_line_and_one_after_the_last_step_says_trainin
     assert "the checkpoint at step 640 is committed: the same command resumes there" in line
 
     assert RunRecord("r", "ddp", {}, "/ck").failure_line() is None
+
+    nan = RunRecord("r", "ddp", {}, "/ck", total_steps=640)  # not retried: stops the first time
+    nan.group_started(2, 0, 110.0)
+    assert nan.worker_error(WorkerError(0, 50, "NonFiniteLoss", "the training loss is nan",
+                                        "Traceback", retry=False)).permanent
+    assert nan.failure_line().startswith("training failed permanently (NonFiniteLoss is not "
+                                         "retried), worker rank 0 at step 50")

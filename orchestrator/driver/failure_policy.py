@@ -3,6 +3,8 @@
 A lost process or node is retried (Ray Train restarts the group from the newest checkpoint).
 An exception raised by the training code that repeats at the same step, with the same type
 and message, is a bug, not bad luck: the run stops there instead of burning every restart.
+An exception whose class says ``retry = False`` (a NaN loss: the same data gives the same NaN)
+stops the run the first time.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class WorkerError:
     message: str  # its first line
     traceback: str
     pid: int | None = None  # the worker process: which worker group it belonged to
+    retry: bool = True  # False: the exception says a restart would only repeat it
 
     def same_failure(self, other: WorkerError) -> bool:
         return (self.step, self.kind, self.message) == (other.step, other.kind, other.message)
@@ -32,6 +35,9 @@ class Verdict:
 def classify(earlier_attempts: list[WorkerError], new: WorkerError) -> Verdict:
     """earlier_attempts: the errors of worker groups before the one that raised ``new`` (the
     other ranks of the same group often fail alike at once; that is not a repeat)."""
+    if not new.retry:
+        return Verdict(True, f"PERMANENT, since {new.kind} at step {new.step} says a restart "
+                             "would repeat it")
     repeats = [e for e in earlier_attempts if e.same_failure(new)]
     if repeats:
         return Verdict(True, f"PERMANENT, since {new.kind} at step {new.step} happened "

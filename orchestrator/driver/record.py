@@ -55,6 +55,7 @@ class RunRecord:
     _group_of_pid: dict = field(default_factory=dict)  # worker pid -> its group
     _preempted_since_start: bool = False
     _permanent_step: int | None = None  # where the failure that repeated was raised
+    _permanent_why: str = ""  # why it is not retried
 
     # -- events ------------------------------------------------------------------------
     def group_started(self, world_size: int, step: int, at: float,
@@ -148,6 +149,8 @@ class RunRecord:
             self.permanent_error = (f"worker rank {error.rank} at step {error.step}: "
                                     f"{error.kind}: {error.message}\n{error.traceback}")
             self._permanent_step = error.step
+            self._permanent_why = ("the same error repeated after a restart" if error.retry
+                                   else f"{error.kind} is not retried")
         return verdict
 
     def failure_line(self) -> str | None:
@@ -160,11 +163,11 @@ class RunRecord:
         kept = max([c["step"] for c in self.checkpoints] + [self.resumed_from_step or 0])
         after_training = bool(self.total_steps) and (self._permanent_step or 0) >= self.total_steps
         if after_training and kept >= self.total_steps:
-            return (f"the run failed after its last training step (the same error repeated after "
-                    f"a restart), {cause}; the checkpoint at step {kept} is committed: the same "
+            return (f"the run failed after its last training step ({self._permanent_why}), "
+                    f"{cause}; the checkpoint at step {kept} is committed: the same "
                     "command resumes there and only runs what comes after training (traceback: "
                     "run.json permanent_error)")
-        return (f"training failed permanently (the same error repeated after a restart), {cause} "
+        return (f"training failed permanently ({self._permanent_why}), {cause} "
                 "(traceback: run.json permanent_error)")
 
     def preemption_notice(self, step: int, deadline_s: float | None, nodes: list[str], at: float) -> None:

@@ -72,7 +72,7 @@ def train_loop_per_worker(config: dict) -> None:
         cause = cause_of(exc)
         error = WorkerError(rank, step, type(cause).__name__, one_line(cause)[:300],
                             getattr(cause, "details", None) or traceback.format_exc(),
-                            pid=os.getpid())
+                            pid=os.getpid(), retry=getattr(cause, "retry", True) is not False)
         ray.get(spec.recorder.worker_error.remote(error))
         raise
     finally:

@@ -10,6 +10,7 @@ rank with none runs a padding micro-batch whose loss weighs zero.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from orchestrator.data.order import step_seed
 from orchestrator.worker_api import Batches
 
 
@@ -88,14 +90,55 @@ class StepPlan:
                 yield micro.rows
 
 
+class SeededRows(list):
+    """A micro-batch's dataset indices and the seed its fetch draws from."""
+
+    seed: int | None = None
+
+
+class SeededFetch(Dataset):
+    """A dataset whose batch fetch first seeds torch, random and numpy from the micro-batch's
+    own seed. In DataLoader worker processes a dataset's randomness (augmentation) would
+    otherwise depend on which process fetched the batch and on how many it fetched before,
+    which a resume changes; seeded per micro-batch from (seed, step, rank, micro-batch), a
+    resumed run draws the same numbers as one that never stopped."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return self.dataset[index]
+
+    def __getitems__(self, rows: list[int]):
+        if getattr(rows, "seed", None) is not None:
+            random.seed(rows.seed)
+            np.random.seed(rows.seed % 2**32)
+            torch.random.default_generator.manual_seed(rows.seed)
+        getitems = getattr(self.dataset, "__getitems__", None)
+        return getitems(rows) if getitems else [self.dataset[i] for i in rows]
+
+
 class _Sampler:
-    """A re-iterable batch sampler over a plan's steps (DataLoader iterates it once)."""
+    """A re-iterable batch sampler over a plan's steps (DataLoader iterates it once); each
+    micro-batch carries its seed, from the step's (``seed_of(step)``) and its place in it."""
 
-    def __init__(self, plan: StepPlan, start: int, total: int):
-        self.plan, self.start, self.total = plan, start, total
+    def __init__(self, plan: StepPlan, start: int, total: int, seed_of: Callable[[int], int]):
+        self.plan, self.start, self.total, self.seed_of = plan, start, total, seed_of
 
-    def __iter__(self):
-        return (rows.tolist() for rows in self.plan.rows(self.start, self.total))
+    def __iter__(self) -> Iterator[SeededRows]:
+        return seeded_rows(self.plan, self.start, self.total, self.seed_of)
+
+
+def seeded_rows(plan: StepPlan, start: int, total: int,
+                seed_of: Callable[[int], int]) -> Iterator[SeededRows]:
+    for step in range(start, total):
+        for i, micro in enumerate(plan.micro_batches(step)):
+            rows = SeededRows(micro.rows.tolist())
+            rows.seed = step_seed(seed_of(step), i, 0)
+            yield rows
 
 
 def loader(dataset: Dataset, batch_sampler, collate: Callable, num_workers: int,
@@ -106,22 +149,28 @@ def loader(dataset: Dataset, batch_sampler, collate: Callable, num_workers: int,
 
 
 def step_batches(dataset: Dataset, plan: StepPlan, start: int, total: int, collate: Callable,
-                 num_workers: int, device: torch.device, seed: int) -> Iterator:
-    """The micro-batches of steps start..total-1, in order, as the loop consumes them."""
+                 num_workers: int, device: torch.device, seed_of: Callable[[int], int]) -> Iterator:
+    """The micro-batches of steps start..total-1, in order, as the loop consumes them.
+    ``seed_of(step)``: the step's seed, from which each micro-batch's fetch is seeded."""
     if num_workers == 0 and device.type == "cpu":
-        return fetched(dataset, plan, start, total, collate)
-    return iter(loader(dataset, _Sampler(plan, start, total), collate, num_workers, device, seed))
+        return fetched(dataset, plan, start, total, collate, seed_of)
+    return iter(loader(SeededFetch(dataset), _Sampler(plan, start, total, seed_of), collate,
+                       num_workers, device, seed_of(start)))
 
 
-def fetched(dataset: Dataset, plan: StepPlan, start: int, total: int, collate: Callable) -> Iterator:
+def fetched(dataset: Dataset, plan: StepPlan, start: int, total: int, collate: Callable,
+            seed_of: Callable[[int], int]) -> Iterator:
     """What a DataLoader with no worker processes and no pinned memory does (fetch a
     micro-batch's items, collate them, in the loop's own thread), without its per-batch
-    bookkeeping; in-memory rows are gathered by the index array itself."""
-    whole = isinstance(dataset, TensorRows)
-    getitems = getattr(dataset, "__getitems__", None)
-    for rows in plan.rows(start, total):
-        rows = rows if whole else rows.tolist()
-        yield collate(getitems(rows) if getitems else [dataset[i] for i in rows])
+    bookkeeping; in-memory rows are gathered by the index array itself (they draw nothing:
+    no seeding)."""
+    if isinstance(dataset, TensorRows):
+        for rows in plan.rows(start, total):
+            yield collate(dataset.__getitems__(rows))
+        return
+    seeded = SeededFetch(dataset)
+    for rows in seeded_rows(plan, start, total, seed_of):
+        yield collate(seeded.__getitems__(rows))
 
 
 def streamed_feed(batches, plan: StepPlan, start: int, total: int) -> Iterator:

@@ -10,7 +10,7 @@ import torch
 
 
 class NonFiniteLoss(RuntimeError):
-    pass
+    retry = False  # a restart replays the same data to the same NaN: the run stops at once
 
 
 def stop_message(step: int, value: float) -> str:

@@ -101,7 +101,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         feed = streamed_feed(batches, plan, ctx.start_step, ctx.total_steps)
     else:
         feed = step_batches(train_set, plan, ctx.start_step, ctx.total_steps, collate, workers,
-                            device, ctx.step_seed(ctx.start_step))
+                            device, ctx.step_seed)
     evaluate = Evaluation(ctx, module, step_fn, eval_set, collate, metric_names(tcfg, task),
                           precision, tcfg.get("micro_batch_size") or batch_size, workers, device,
                           batches if ctx.streamed else None)
