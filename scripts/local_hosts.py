@@ -8,11 +8,14 @@ a shared volume is on a real cluster). Host 1 runs the Ray head (and the driver,
 for ``storage=s3``), the others ``ray start --address``.
 
     python scripts/local_hosts.py up --hosts 3     # start, print the addresses, Ctrl-C stops
-    python scripts/local_hosts.py down             # remove leftovers of any instance, by name
+    python scripts/local_hosts.py down --tag 3     # remove what instance 3 left, by name
+    python scripts/local_hosts.py down --all       # ... of every instance (other checkouts' too)
 
 Everything belongs to names of our own: namespaces ``orh<tag>h<i>``, bridge ``orh<tag>br``,
-veths ``orh<tag>v<i>``, files under ``/var/tmp/orh<tag>``. Every process a host runs lives in
-its network namespace, so stopping a host kills exactly the pids ``ip netns pids`` lists there.
+veths ``orh<tag>v<i>``, files under ``/var/tmp/orchestrator-test-hosts/orh<tag>`` (a base
+folder only its owner may enter, checked before use: /var/tmp is everyone's). Every process a
+host runs lives in its network namespace, so stopping a host kills exactly the pids
+``ip netns pids`` lists there.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFIX = "orh"
-ROOT_BASE = Path("/var/tmp")
+ROOT_BASE = Path("/var/tmp/orchestrator-test-hosts")
 RAY = str(Path(sys.executable).with_name("ray"))
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,6 +56,22 @@ DASHBOARD_PORT = 8265
 # start_ray(health=...) sets the head's node health check, in Ray's own names (RAY_<name> in
 # the head's environment). Ray's defaults (health_check_period_ms=3000, _timeout_ms=10000,
 # _failure_threshold=5) declared a cut-off node dead after 63-64 s here.
+
+
+def private_base() -> Path:
+    """ROOT_BASE, made if absent (mode 0700), and refused unless it is a real folder of this
+    user's that nobody else may write: another local user could otherwise have put a link or
+    a folder of theirs there for root to write through."""
+    try:
+        ROOT_BASE.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(ROOT_BASE)
+    if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+            or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        raise RuntimeError(f"{ROOT_BASE} is not a folder of this user's that only it may write: "
+                           "remove it")
+    return ROOT_BASE
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -151,7 +172,7 @@ class LocalHosts:
     def up(self) -> LocalHosts:
         t0 = time.time()
         self._claim_tag()
-        (self.root / "nfs").mkdir(parents=True)
+        (self.root / "nfs").mkdir()
         self.shared.mkdir()
         self.local_disk.mkdir()
         sh("ip", "addr", "add", f"10.77.{self.tag}.1/24", "dev", self.bridge)
@@ -170,7 +191,9 @@ class LocalHosts:
         for tag in tags:
             if sh("ip", "link", "add", f"{PREFIX}{tag}br", "type", "bridge", check=False).returncode == 0:
                 self.tag = tag
+                private_base()
                 shutil.rmtree(self.root, ignore_errors=True)  # a leftover of an earlier crash
+                self.root.mkdir(mode=0o700)  # exclusive: fails if anything is still there
                 return
         raise RuntimeError("no free test-host tag (run `python scripts/local_hosts.py down`)")
 
@@ -193,13 +216,15 @@ class LocalHosts:
         # What lives under this machine's /tmp and every host must still see (a checkout and
         # its virtualenv in /tmp, as a CI clone may be) is bound into the host's own /tmp
         # first; --rbind carries those mounts along.
-        keep = "".join(f"mkdir -p {host.dir / 'tmp' / rel} && "
-                       f"mount --bind /tmp/{rel} {host.dir / 'tmp' / rel} && "
+        q = shlex.quote
+        keep = "".join(f"mkdir -p {q(str(host.dir / 'tmp' / rel))} && "
+                       f"mount --bind {q(f'/tmp/{rel}')} {q(str(host.dir / 'tmp' / rel))} && "
                        for rel in seen_under_tmp())
-        mounts = (f"hostname {host.netns} && mount --bind {self.root / 'hosts'} /etc/hosts && "
-                  f"{keep}mount --rbind {host.dir / 'tmp'} /tmp && "
-                  f"mount --bind {host.dir / 'local'} {self.local_disk} && "
-                  f"mount --bind {self.root / 'nfs'} {self.shared} && echo ready && exec sleep infinity")
+        mounts = (f"hostname {q(host.netns)} && mount --bind {q(str(self.root / 'hosts'))} "
+                  f"/etc/hosts && {keep}mount --rbind {q(str(host.dir / 'tmp'))} /tmp && "
+                  f"mount --bind {q(str(host.dir / 'local'))} {q(str(self.local_disk))} && "
+                  f"mount --bind {q(str(self.root / 'nfs'))} {q(str(self.shared))} && "
+                  "echo ready && exec sleep infinity")
         host.holder = subprocess.Popen(
             [*inside, "unshare", "--mount", "--uts", "--propagation", "slave", "sh", "-c", mounts],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -447,10 +472,19 @@ def main() -> None:
     up = sub.add_parser("up", help="start test hosts and Ray; Ctrl-C stops everything")
     up.add_argument("--hosts", type=int, default=3)
     up.add_argument("--node-cpus", type=int, default=2)
-    sub.add_parser("down", help="remove the leftovers of every instance (by name)")
+    down = sub.add_parser("down", help="remove what an instance left (by name)")
+    which = down.add_mutually_exclusive_group(required=True)
+    which.add_argument("--tag", type=int, help="the instance's tag (orh<tag>...)")
+    which.add_argument("--all", action="store_true",
+                       help="every instance's, other checkouts' live ones included")
     args = parser.parse_args()
     if args.action == "down":
-        print(json.dumps({"removed": remove_all()}, indent=2))
+        if args.all:
+            print(json.dumps({"removed": remove_all()}, indent=2))
+        else:
+            found = leftovers(args.tag)
+            remove_instance(args.tag)
+            print(json.dumps({"removed": found}, indent=2))
         return
     with LocalHosts(args.hosts) as hosts:
         hosts.start_ray(node_cpus=args.node_cpus)

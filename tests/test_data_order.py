@@ -123,32 +123,39 @@ class _Augmenting:
                              float(np.random.rand())])
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_resumed_feed_draws_what_the_uninterrupted_one_drew_with_dataloader_workers(workers):
-    """Issue 26, 11: with DataLoader worker processes, the augmentation a resumed run draws
-    at a step is the uninterrupted run's (each micro-batch's fetch is seeded from (seed, step,
-    rank, micro-batch), not from which process fetched it or how many it fetched before)."""
+def test_a_users_augmentation_draws_the_same_after_a_resume_at_any_world_size_and_loader():
+    """Issue 26, 11: the random numbers a user's dataset draws for an item at a step (from
+    torch, random and numpy) are the same in an uninterrupted run, in a resumed one, at another
+    world size and with or without DataLoader worker processes (each item's fetch is seeded
+    from (seed, step, item); unseeded, a worker process's draws depend on which process fetched
+    the batch and how many it fetched before, which a resume changes). The loop's own random
+    state is left as it was."""
     import torch
     from torch.utils.data import default_collate
 
     from orchestrator.worker_api import Batches
-    from trainers.pytorch.data import StepPlan, step_batches
+    from trainers.pytorch.data import EVERY_RANK, StepPlan, step_batches
 
-    plan = StepPlan(Batches(DataOrder(7, 64, 8), rank=1, world_size=2), 2, micro_batch_size=2)
+    def feed(world: int, workers: int, start: int) -> dict[tuple[int, int], list[float]]:
+        """(step, item) -> the draws, over every rank."""
+        drawn = {}
+        for rank in range(world):
+            plan = StepPlan(Batches(DataOrder(7, 64, 8), rank, world), world, micro_batch_size=2)
+            batches = step_batches(_Augmenting(), plan, start, 12, default_collate, workers,
+                                   torch.device("cpu"), lambda s: step_seed(7, s, EVERY_RANK))
+            for step in range(start, 12):
+                for _ in plan.micro_batches(step):
+                    torch.manual_seed(step)  # the loop's own seeding, before its fetches
+                    batch = next(batches)
+                    loops = torch.rand((), generator=torch.Generator().manual_seed(step))
+                    assert torch.rand(()) == loops  # the fetch left the loop's state alone
+                    for row in batch.tolist():
+                        drawn[(step, int(row[0]))] = row[1:]
+        return drawn
 
-    def feed(start: int) -> list:
-        def seed_of(step: int) -> int:
-            return step_seed(7, step, 1)
-
-        batches = step_batches(_Augmenting(), plan, start, 12, default_collate, workers,
-                               torch.device("cpu"), seed_of)
-        out = []
-        for step in range(start, 12):  # as the loop does: the step's seeding, then its fetches
-            torch.manual_seed(seed_of(step))
-            out.append(torch.cat([next(batches) for _ in plan.micro_batches(step)]))
-        return out
-
-    whole, resumed = feed(0), feed(5)
-    for step in range(5, 12):
-        assert torch.equal(whole[step], resumed[step - 5]), step
-    assert len({float(b[0, 1]) for b in whole}) == 12  # the draws differ from step to step
+    whole = feed(2, 2, 0)
+    resumed = {k: v for k, v in whole.items() if k[0] >= 5}
+    assert feed(2, 2, 5) == resumed
+    assert feed(1, 0, 5) == resumed
+    assert feed(2, 0, 0) == whole
+    assert len({v[0] for v in whole.values()}) == len(whole)  # every item draws its own numbers

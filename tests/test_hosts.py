@@ -309,3 +309,22 @@ def test_a_shared_mount_is_accepted_and_the_run_resumes_from_it_after_its_rank0_
         pytest.skip("the partition test did not run (or failed) in this session")
     a, b = cluster.results["partition"]["test_accuracy"], rec["metrics"]["test_accuracy"]
     assert abs(a - b) <= 0.01 * b, (a, b)
+
+
+def test_the_hosts_files_live_under_a_base_only_its_owner_may_write(tmp_path, monkeypatch):
+    """/var/tmp is everyone's: a base folder another user made, linked elsewhere or left open
+    to writes is refused before root writes anything through it."""
+    import scripts.local_hosts as local_hosts
+
+    base = tmp_path / "base"
+    monkeypatch.setattr(local_hosts, "ROOT_BASE", base)
+    assert local_hosts.private_base() == base and (base.stat().st_mode & 0o777) == 0o700
+    base.chmod(0o777)
+    with pytest.raises(RuntimeError, match="only it may write"):
+        local_hosts.private_base()
+    base.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    base.symlink_to(elsewhere)
+    with pytest.raises(RuntimeError, match="only it may write"):
+        local_hosts.private_base()

@@ -1,7 +1,8 @@
 """The general PyTorch trainer on real Ray, with a user's own dataset and model (a copy of
 tests/user_project outside the repository): DataLoader processes, gradient accumulation,
 exact resume after a SIGKILL and after Ctrl-C (the same command again), and a resume at
-another world size seeing the same samples."""
+another world size seeing the same samples. The dataset augments its items with noise drawn
+in the DataLoader processes (from torch, numpy and random): the resumed run draws the same."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ BATCH, MICRO, STEPS = 64, 8, 300
 
 def job(log_dir, storage) -> list[str]:
     return ["data=torch", "data.train._target_=mypkg.ids.NumberedDigits",
-            "+data.train.split=train", "data.eval._target_=mypkg.ids.NumberedDigits",
+            "+data.train.split=train", "+data.train.noise=0.05",
+            "data.eval._target_=mypkg.ids.NumberedDigits",
             "+data.eval.split=test", "data.num_workers=2",
             "trainer.model._target_=mypkg.ids.LoggingMLP", f"+trainer.model.log_dir={log_dir}",
             f"trainer.batch_size={BATCH}", f"trainer.micro_batch_size={MICRO}",

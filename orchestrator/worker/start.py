@@ -6,7 +6,7 @@ no framework here: the collective is a protocol (orchestrator/worker/loop.py giv
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -14,10 +14,11 @@ from orchestrator.checkpoint.cleanup import STAGING, remove_stale
 from orchestrator.checkpoint.store import CheckpointRef, CheckpointStore, open_source
 from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.errors import one_line
+from orchestrator.redaction import redact, redact_text
 from orchestrator.storage.location import StorageSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class WorkerSpec:
     fn: str  # the training function, "module:function"
     config: dict  # what the function gets as cfg: {"trainer": {...}, "data": {...}}
@@ -33,6 +34,15 @@ class WorkerSpec:
     stream: Any = None  # a StreamPlan where data=parquet is streamed (orchestrator/data/streaming.py)
     run_name: str = ""
     max_restarts: int = 0  # failure.max_restarts
+
+    def __repr__(self) -> str:
+        # Ray Train stringifies the train loop config (this spec) into the run state that the
+        # dashboard's Train page shows: no secret of the config or the storage in it.
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "recorder"}
+        shown["config"] = redact(self.config)
+        return redact_text(f"WorkerSpec({shown!r})")
+
+    __str__ = __repr__
 
 
 class Collective(Protocol):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,18 +91,28 @@ class StepPlan:
                 yield micro.rows
 
 
+EVERY_RANK = -1  # step_seed's rank for a seed that is the same on every rank
+
+
 class SeededRows(list):
-    """A micro-batch's dataset indices and the seed its fetch draws from."""
+    """A micro-batch's dataset indices and its step's seed."""
 
     seed: int | None = None
 
 
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.random.default_generator.manual_seed(seed)
+
+
 class SeededFetch(Dataset):
-    """A dataset whose batch fetch first seeds torch, random and numpy from the micro-batch's
-    own seed. In DataLoader worker processes a dataset's randomness (augmentation) would
-    otherwise depend on which process fetched the batch and on how many it fetched before,
-    which a resume changes; seeded per micro-batch from (seed, step, rank, micro-batch), a
-    resumed run draws the same numbers as one that never stopped."""
+    """A user's dataset whose items draw their randomness (augmentation) from torch, random
+    and numpy seeded by (seed, step, item): the same numbers after a resume, at any world size,
+    whichever DataLoader process fetched them and however many it fetched before (unseeded, a
+    worker process's draws depend on all of that). A dataset that fetches a batch at once
+    (``__getitems__``) is seeded once per micro-batch, by its first item: exact on a resume at
+    the same world size."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
@@ -113,17 +124,23 @@ class SeededFetch(Dataset):
         return self.dataset[index]
 
     def __getitems__(self, rows: list[int]):
-        if getattr(rows, "seed", None) is not None:
-            random.seed(rows.seed)
-            np.random.seed(rows.seed % 2**32)
-            torch.random.default_generator.manual_seed(rows.seed)
+        seed = getattr(rows, "seed", None)
         getitems = getattr(self.dataset, "__getitems__", None)
-        return getitems(rows) if getitems else [self.dataset[i] for i in rows]
+        if seed is None:
+            return getitems(rows) if getitems else [self.dataset[i] for i in rows]
+        if getitems:
+            seed_all(step_seed(seed, rows[0], 0))
+            return getitems(rows)
+        items = []
+        for i in rows:
+            seed_all(step_seed(seed, i, 0))
+            items.append(self.dataset[i])
+        return items
 
 
 class _Sampler:
     """A re-iterable batch sampler over a plan's steps (DataLoader iterates it once); each
-    micro-batch carries its seed, from the step's (``seed_of(step)``) and its place in it."""
+    micro-batch carries its step's seed (``seed_of(step)``)."""
 
     def __init__(self, plan: StepPlan, start: int, total: int, seed_of: Callable[[int], int]):
         self.plan, self.start, self.total, self.seed_of = plan, start, total, seed_of
@@ -135,10 +152,23 @@ class _Sampler:
 def seeded_rows(plan: StepPlan, start: int, total: int,
                 seed_of: Callable[[int], int]) -> Iterator[SeededRows]:
     for step in range(start, total):
-        for i, micro in enumerate(plan.micro_batches(step)):
+        for micro in plan.micro_batches(step):
             rows = SeededRows(micro.rows.tolist())
-            rows.seed = step_seed(seed_of(step), i, 0)
+            rows.seed = seed_of(step)
             yield rows
+
+
+@contextmanager
+def loop_randomness_kept():
+    """An in-process fetch leaves the loop's own random state (its dropout) as it was, as a
+    fetch in a DataLoader process does."""
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
 
 
 def loader(dataset: Dataset, batch_sampler, collate: Callable, num_workers: int,
@@ -151,7 +181,7 @@ def loader(dataset: Dataset, batch_sampler, collate: Callable, num_workers: int,
 def step_batches(dataset: Dataset, plan: StepPlan, start: int, total: int, collate: Callable,
                  num_workers: int, device: torch.device, seed_of: Callable[[int], int]) -> Iterator:
     """The micro-batches of steps start..total-1, in order, as the loop consumes them.
-    ``seed_of(step)``: the step's seed, from which each micro-batch's fetch is seeded."""
+    ``seed_of(step)``: the step's seed, the same on every rank (SeededFetch)."""
     if num_workers == 0 and device.type == "cpu":
         return fetched(dataset, plan, start, total, collate, seed_of)
     return iter(loader(SeededFetch(dataset), _Sampler(plan, start, total, seed_of), collate,
@@ -170,7 +200,9 @@ def fetched(dataset: Dataset, plan: StepPlan, start: int, total: int, collate: C
         return
     seeded = SeededFetch(dataset)
     for rows in seeded_rows(plan, start, total, seed_of):
-        yield collate(seeded.__getitems__(rows))
+        with loop_randomness_kept():
+            items = seeded.__getitems__(rows)
+        yield collate(items)
 
 
 def streamed_feed(batches, plan: StepPlan, start: int, total: int) -> Iterator:

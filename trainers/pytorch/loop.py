@@ -18,9 +18,11 @@ import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
 
+from orchestrator.data.order import step_seed
 from orchestrator.worker_api import WorkerContext
 from trainers.neural import standardize, total_steps
 from trainers.pytorch.data import (
+    EVERY_RANK,
     StepPlan,
     already_batched,
     collate_function,
@@ -101,7 +103,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         feed = streamed_feed(batches, plan, ctx.start_step, ctx.total_steps)
     else:
         feed = step_batches(train_set, plan, ctx.start_step, ctx.total_steps, collate, workers,
-                            device, ctx.step_seed)
+                            device, partial(step_seed, ctx.seed, rank=EVERY_RANK))
     evaluate = Evaluation(ctx, module, step_fn, eval_set, collate, metric_names(tcfg, task),
                           precision, tcfg.get("micro_batch_size") or batch_size, workers, device,
                           batches if ctx.streamed else None)

@@ -4,6 +4,7 @@ samples every step saw."""
 
 import json
 import os
+import random
 from pathlib import Path
 
 import numpy as np
@@ -15,18 +16,26 @@ from torch.utils.data import Dataset
 
 
 class NumberedDigits(Dataset):
-    def __init__(self, split: str = "train"):
+    """noise > 0: each item is augmented with random noise drawn from torch, numpy and random,
+    as a user's augmentation would."""
+
+    def __init__(self, split: str = "train", noise: float = 0.0):
         x, y = load_digits(return_X_y=True)
         rows = np.arange(len(y))
         rows = rows[rows % 5 != 0] if split == "train" else rows[rows % 5 == 0]
         self.x = torch.tensor(x[rows] / 16.0, dtype=torch.float32)
         self.y = torch.tensor(y[rows], dtype=torch.long)
+        self.noise = noise
 
     def __len__(self) -> int:
         return len(self.y)
 
     def __getitem__(self, index: int):
-        return {"x": self.x[index], "id": torch.tensor(index)}, self.y[index]
+        x = self.x[index]
+        if self.noise:
+            scale = self.noise * (1 + np.random.rand() + random.random())
+            x = x + scale * torch.randn(x.shape)
+        return {"x": x, "id": torch.tensor(index)}, self.y[index]
 
 
 class LoggingMLP(nn.Module):
