@@ -39,6 +39,17 @@ def sweep_record(sweep_dir: Path) -> dict:
     return json.loads((sweep_dir / "sweep.json").read_text())
 
 
+def stored_path(step_folder, name: str, fs=None) -> str:
+    """Where a committed checkpoint's file ``name`` lies in its step folder (under its writer's
+    attempt, as its manifest says): a local path, or a path in the pyarrow filesystem ``fs``."""
+    if fs is None:
+        manifest = json.loads((Path(step_folder) / MANIFEST).read_text())
+        return str(Path(step_folder) / manifest["files"][name].get("key", name))
+    with fs.open_input_stream(join(str(step_folder), MANIFEST)) as f:
+        manifest = json.loads(f.read())
+    return join(str(step_folder), manifest["files"][name].get("key", name))
+
+
 def model_at(storage, run_name, step=None) -> dict:
     """The PyTorch trainer's model.pt in a run's checkpoint (its newest, or ``step``'s)."""
     import io

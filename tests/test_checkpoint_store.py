@@ -9,6 +9,7 @@ import os
 import shutil
 import threading
 from concurrent.futures import Future
+from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
@@ -36,6 +37,7 @@ from tests.helpers import (
     load_newest_intact,
     plant_manifest,
     rank_folder,
+    stored_path,
 )
 
 
@@ -66,7 +68,7 @@ def test_a_folder_without_manifest_is_never_the_latest(store, tmp_path):
 def test_a_corrupt_checkpoint_falls_back_to_the_older_one(store, tmp_path):
     store.save(10, {"a": b"good"})
     store.save(20, {"a": b"newer"})
-    (tmp_path / "run" / step_dir(20) / "a").write_bytes(b"rot!!")
+    Path(stored_path(tmp_path / "run" / step_dir(20), "a")).write_bytes(b"rot!!")
     ref, files, _ = load_newest_intact(store, tmp_path)
     assert ref.step == 10 and files["a"] == b"good"
 
@@ -260,13 +262,13 @@ def test_a_local_checkpoint_is_fetched_as_its_manifests_files_only(store, tmp_pa
         Committer(store, rank, 2, "a2", asynchronous=False).snapshot(
             10, rank_folder(tmp_path / "a2", rank, {f"rank_{rank}.json": b"%d" % rank}), {})
     live = tmp_path / "run" / step_dir(10)
-    assert {"rank_3.json", PARTS} <= {p.name for p in live.iterdir()}
+    assert (live / "a4" / "rank_3.json").is_file() and (live / PARTS).is_dir()
     view = store.fetch(store.latest(), tmp_path / "cache")
     assert view != live and sorted(p.name for p in view.iterdir()) == [
         MANIFEST, "rank_0.json", "rank_1.json"]
     assert (view / "rank_1.json").read_bytes() == b"1"
     # A file found corrupt there fails the fetch, and leaves no half-made view behind.
-    (live / "rank_1.json").write_bytes(b"x")
+    Path(stored_path(live, "rank_1.json")).write_bytes(b"x")
     with pytest.raises(CorruptCheckpoint, match="rank_1.json does not match"):
         store.fetch(store.latest(), tmp_path / "cache")
     assert not (tmp_path / "cache" / step_dir(10)).exists()
@@ -302,7 +304,7 @@ def test_a_corrupt_rank_file_makes_the_loader_fall_back(store, tmp_path):
         parts = [Committer(store, r, 2, f"a{step}", asynchronous=False) for r in (1, 0)]
         for c in parts:  # rank 1 first: rank 0 finds its part and commits
             c.snapshot(step, rank_folder(tmp_path / str(step), c.rank, {f"rank{c.rank}.bin": b"%d" % step}), {})
-    (tmp_path / "run" / step_dir(20) / "rank1.bin").write_bytes(b"xx")  # same size, other bytes
+    Path(stored_path(tmp_path / "run" / step_dir(20), "rank1.bin")).write_bytes(b"xx")  # same size
     skipped: list[str] = []
     ref, files, _ = load_newest_intact(store, tmp_path, skipped)
     assert ref.step == 10 and files == {"rank0.bin": b"10", "rank1.bin": b"10"}
@@ -410,3 +412,19 @@ def test_leftovers_of_failed_writes_are_removed_when_a_worker_group_starts(tmp_p
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == [
         step_dir(5), step_dir(10), step_dir(20), step_dir(30)]
     assert [r.step for r in store.committed()] == [10, 20] and remove_stale(store) == []
+
+
+def test_a_straggler_of_a_dead_attempt_cannot_touch_a_committed_checkpoint(store, tmp_path):
+    """Issue 26, 7: a rank of an attempt that was given up (cut off by a partition) passed the
+    committed check before the new attempt committed the same step, and uploads its part after
+    it. Its files land under its own attempt's prefix: the committed checkpoint still reads
+    whole, with the new attempt's bytes."""
+    Committer(store, 0, 1, "newattempt", asynchronous=False).snapshot(
+        10, rank_folder(tmp_path / "new", 0, {"model.pt": b"new weights"}), {})
+    store.upload_part(10, 0, "oldattempt", rank_folder(tmp_path / "old", 0,
+                                                         {"model.pt": b"old weightsXX"}))
+    ref, files, _ = load_newest_intact(store, tmp_path)
+    assert ref.step == 10 and files == {"model.pt": b"new weights"}
+    live = tmp_path / "run" / step_dir(10)
+    assert (live / "oldattempt" / "model.pt").read_bytes() == b"old weightsXX"
+    assert stored_path(live, "model.pt") == str(live / "newattempt" / "model.pt")

@@ -5,12 +5,14 @@ killed mid-checkpoint, then a corrupt rank file in the newest checkpoint."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage.location import StorageSpec
 from tests.conftest import finish_run, run_cli, start_run, user_project
+from tests.helpers import stored_path
 
 
 def files_of_latest(storage, run_name) -> tuple[dict, dict[str, bytes]]:
@@ -56,7 +58,7 @@ def test_a_users_loop_survives_a_rank_killed_mid_checkpoint_and_ends_bit_identic
     assert files["optimizer.pt"] == reference["optimizer.pt"]
     assert straight.record["metrics"] == rec["metrics"]
 
-    rank_file = storage / "crashed" / "step_000000300" / "rank_1.json"
+    rank_file = Path(stored_path(storage / "crashed" / "step_000000300", "rank_1.json"))
     good = rank_file.read_bytes()
     rank_file.write_bytes(good.replace(b"9600", b"9601"))  # the same size, other bytes
     again = run_cli(tmp_path / "again", *common, "+trainer.steps=400",

@@ -20,6 +20,7 @@ from tests.helpers import (
     load_newest_intact,
     plant_manifest,
     rank_folder,
+    stored_path,
 )
 
 
@@ -53,7 +54,8 @@ def test_a_corrupt_object_is_reported_and_the_older_checkpoint_used(s3_server, b
     store = CheckpointStore(spec_for(s3_server, "corrupt"))
     store.save(10, {"a": b"good"})
     store.save(20, {"a": b"newer"})
-    with s3_server.filesystem().open_output_stream(f"ckpt-tests/corrupt/{step_dir(20)}/a") as f:
+    fs = s3_server.filesystem()
+    with fs.open_output_stream(stored_path(f"ckpt-tests/corrupt/{step_dir(20)}", "a", fs)) as f:
         f.write(b"rot!!")  # same size, other bytes: only the checksum can tell
     skipped: list[str] = []
     ref, files, _ = load_newest_intact(store, tmp_path, skipped)
@@ -67,7 +69,8 @@ def test_a_corrupt_checkpoint_set_aside_is_written_again(s3_server, bucket, tmp_
     store = CheckpointStore(spec_for(s3_server, "aside"))
     store.save(10, {"a": b"good"})
     store.save(20, {"a": b"newer"})
-    with s3_server.filesystem().open_output_stream(f"ckpt-tests/aside/{step_dir(20)}/a") as f:
+    fs = s3_server.filesystem()
+    with fs.open_output_stream(stored_path(f"ckpt-tests/aside/{step_dir(20)}", "a", fs)) as f:
         f.write(b"rot!!")
     corrupt: list = []
     ref, _ = store.newest_intact(tmp_path / "cache", [], corrupt)

@@ -19,6 +19,7 @@ from orchestrator.worker.loop import WorkerSpec, start_point
 from orchestrator.worker.start import ResumeSourceGone
 from orchestrator.worker.training_function import check_training
 from orchestrator.worker_api import WorkerContext, WorkerLifecycle
+from tests.helpers import stored_path
 
 
 class Recorder:
@@ -114,7 +115,7 @@ def test_a_run_that_resumes_older_says_so_and_retention_keeps_what_it_writes(tmp
     first.total_steps = 15
     assert loop(first, 15) == [5, 10, 15]
     for step in (10, 15):
-        (tmp_path / "run" / step_dir(step) / "state.txt").write_text("xx")  # same size
+        Path(stored_path(tmp_path / "run" / step_dir(step), "state.txt")).write_text("xx")
     recorder = Recorder()
     again = context(tmp_path, recorder=recorder, every_steps=2, keep=3)
     assert again.start_step == 5
@@ -134,7 +135,7 @@ def test_a_corrupt_checkpoint_is_written_again_when_training_reaches_its_step(tm
     first.total_steps = 10
     assert loop(first, 10) == [5, 10]
     folder = tmp_path / "run" / step_dir(10)
-    (folder / "state.txt").write_text("xx")  # same size, other bytes
+    Path(stored_path(folder, "state.txt")).write_text("xx")  # same size, other bytes
     recorder = Recorder()
     again = context(tmp_path, recorder=recorder, every_steps=5)
     assert again.start_step == 5

@@ -1,8 +1,10 @@
 """A checkpoint is a folder ``step_<n>`` holding every rank's files plus ``manifest.json``.
 
-Writing is a multi-writer protocol. Each rank uploads its own files into the folder, checks
-the sizes the store reports, then writes a *part record* (``.parts/<attempt>-rank_<r>.json``:
-its files with size and SHA-256). Rank 0 waits until every rank of its attempt has written
+Writing is a multi-writer protocol. Each rank uploads its own files into the folder, under its
+attempt's own prefix (``<attempt>/<name>``: a straggler of a dead attempt, still uploading,
+cannot touch a newer attempt's committed files), checks the sizes the store reports, then
+writes a *part record* (``.parts/<attempt>-rank_<r>.json``: its files with size, SHA-256 and
+where each is stored). Rank 0 waits until every rank of its attempt has written
 one, then writes the manifest, which lists every rank's files: the commit. A folder without a
 manifest (a rank died mid-write, an upload failed) is never taken as a checkpoint; a folder
 whose files disagree with the manifest is corrupt and is skipped in favour of the next older
@@ -62,6 +64,12 @@ class SavedCheckpoint:
     bytes: int
     save_s: float
     meta: dict = field(default_factory=dict)
+
+
+def stored_at(name: str, entry: dict) -> str:
+    """Where a checkpoint's file lies inside its step folder: under its writer's attempt
+    (``key``), or at its name in checkpoints written before attempts had prefixes."""
+    return entry.get("key", name)
 
 
 def step_dir(step: int) -> str:
@@ -157,7 +165,7 @@ class CheckpointStore:
         folder also holds .parts/ and the files of attempts that never committed, which the
         view leaves out. On another disk a symbolic link, not a copy: every rank of every
         node would otherwise copy the whole checkpoint."""
-        source = Path(ref.path) / name
+        source = Path(ref.path) / stored_at(name, entry)
         if not source.is_file():
             raise CorruptCheckpoint(f"{ref.uri}/{name} is missing or has the wrong size")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -177,7 +185,8 @@ class CheckpointStore:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".download-")
         try:
             digest, size = hashlib.sha256(), 0
-            with os.fdopen(fd, "wb") as dst, self.fs.open_input_stream(join(ref.path, name)) as src:
+            with (os.fdopen(fd, "wb") as dst,
+                  self.fs.open_input_stream(join(ref.path, stored_at(name, entry))) as src):
                 while block := src.read(CHUNK):
                     digest.update(block)
                     dst.write(block)
@@ -221,7 +230,7 @@ class CheckpointStore:
         manifest = self.read_manifest(ref)
         files = {}
         for name, entry in manifest["files"].items():
-            with self.fs.open_input_stream(join(ref.path, name)) as f:
+            with self.fs.open_input_stream(join(ref.path, stored_at(name, entry))) as f:
                 data = f.read()
             if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
                 raise CorruptCheckpoint(f"{ref.uri}/{name} does not match its manifest")
@@ -242,12 +251,15 @@ class CheckpointStore:
                      backoff)
         entries = {}
         for name in names:
-            entries[name] = with_retries(
-                f"uploading {ref.uri}/{name}",
-                lambda n=name: self._store_file(local / n, join(ref.path, n)), backoff)
+            key = f"{attempt}/{name}"
+            entries[name] = {**with_retries(
+                f"uploading {ref.uri}/{key}",
+                lambda n=name, k=key: self._store_file(local / n, join(ref.path, k)), backoff),
+                "key": key}
         for name, entry in entries.items():
-            size = with_retries(f"checking {ref.uri}/{name}",
-                                lambda n=name: self.fs.get_file_info(join(ref.path, n)).size, backoff)
+            size = with_retries(f"checking {ref.uri}/{entry['key']}",
+                                lambda k=entry["key"]: self.fs.get_file_info(join(ref.path, k)).size,
+                                backoff)
             if size != entry["bytes"]:
                 raise CorruptCheckpoint(f"{ref.uri}/{name}: {size} bytes stored, {entry['bytes']} sent")
         record = {"step": step, "rank": rank, "attempt": attempt, "files": entries, **(note or {})}
@@ -316,8 +328,7 @@ class CheckpointStore:
         started = time.perf_counter()
         files: dict[str, dict] = {}
         for rank in sorted(parts):
-            check_names(parts[rank]["files"], f"rank {rank}'s part record of step {step}",
-                        CorruptCheckpoint)
+            listed_files(parts[rank], f"rank {rank}'s part record of step {step}")
             for name, entry in parts[rank]["files"].items():
                 if name in files:
                     raise CorruptCheckpoint(f"ranks {files[name]['rank']} and {rank} both wrote "
@@ -405,6 +416,7 @@ def listed_files(manifest: object, where: str) -> dict[str, dict]:
         if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
                 and isinstance(entry.get("sha256"), str)):
             raise CorruptCheckpoint(f"{where}: the entry of {name!r} has no size and sha256")
+    check_names([stored_at(n, e) for n, e in files.items()], where, CorruptCheckpoint)
     return files
 
 
