@@ -428,3 +428,18 @@ def test_a_straggler_of_a_dead_attempt_cannot_touch_a_committed_checkpoint(store
     live = tmp_path / "run" / step_dir(10)
     assert (live / "oldattempt" / "model.pt").read_bytes() == b"old weightsXX"
     assert stored_path(live, "model.pt") == str(live / "newattempt" / "model.pt")
+
+
+def test_a_manifest_placing_a_file_outside_its_folder_is_refused(store, tmp_path):
+    """Where a file lies (its key) is checked like its name: a planted key leaving the step
+    folder makes the checkpoint corrupt; the older one is used."""
+    store.save(10, {"a": b"good"})
+    store.save(20, {"a": b"newer"})
+    path = tmp_path / "run" / step_dir(20) / MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest["files"]["a"]["key"] = "../step_000000010/single/a"
+    path.write_text(json.dumps(manifest))
+    skipped: list[str] = []
+    ref, files, _ = load_newest_intact(store, tmp_path, skipped)
+    assert ref.step == 10 and files == {"a": b"good"}
+    assert "'../step_000000010/single/a'" in skipped[0] and "'..' part" in skipped[0], skipped
