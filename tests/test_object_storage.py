@@ -4,13 +4,14 @@ outage, bad input, secrets, and a round trip through every trainer on real Ray."
 from __future__ import annotations
 
 import secrets
+import subprocess
 import time
 
 import pytest
 
 from orchestrator.checkpoint.committer import Committer
 from orchestrator.checkpoint.retry import Backoff
-from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
+from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, CheckpointUnreachable, step_dir
 from orchestrator.storage.location import Credentials, StorageSpec
 from tests.conftest import CliBatch, free_port, run_cli
 from tests.helpers import (
@@ -120,6 +121,39 @@ def test_an_upload_outlives_a_server_outage_without_blocking_training(s3_server,
     ref, files, _ = load_newest_intact(store, tmp_path)
     assert ref.step == 20
     assert store.load(store.committed()[0])[0]["model.bin"] == big  # whole and verified
+
+
+def test_a_checkpoint_unreachable_at_start_stops_the_start_instead_of_starting_over(
+        s3_server, bucket, tmp_path):
+    """Issue 26, 1: the server down, or a cache disk too small, is not corruption. Falling
+    back to older checkpoints would fail alike and end in a silent step 0; instead the start
+    stops, naming the checkpoint and the cause, after the outage's retries."""
+    store = CheckpointStore(spec_for(s3_server, "unreachable"))
+    store.save(10, {"model.bin": b"older"})
+    store.save(20, {"model.bin": secrets.token_bytes(3 << 20)})
+    quick = Backoff(first_s=0.2, max_s=0.5, deadline_s=2)
+
+    cache = tmp_path / "small"  # a real disk of 1 MiB: the 3 MiB checkpoint cannot fit
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cache)], check=True)
+    try:
+        with pytest.raises(CheckpointUnreachable, match=r"step_000000020 could not be read \("
+                           r"\d+ bytes needed in .*small.*free\)"):
+            store.newest_intact(cache, backoff=quick)
+        assert list(cache.iterdir()) == []  # nothing half-downloaded left
+    finally:
+        subprocess.run(["umount", str(cache)], check=True)
+
+    s3_server.stop(kill=True)
+    try:
+        skipped: list[str] = []
+        with pytest.raises(CheckpointUnreachable, match="could not be (read|listed)") as raised:
+            store.newest_intact(tmp_path / "cache", skipped, backoff=quick)
+        assert skipped == [] and "run the same command again" in str(raised.value)
+    finally:
+        s3_server.restart()
+    ref, files, _ = load_newest_intact(store, tmp_path)  # back up: the newest is read
+    assert ref.step == 20 and len(files["model.bin"]) == 3 << 20
 
 
 # -- bad input: one line, exit 2, before any worker starts, nothing written ------------------

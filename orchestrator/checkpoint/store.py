@@ -29,6 +29,7 @@ import pyarrow.fs as pafs
 
 from orchestrator.checkpoint.names import check_names
 from orchestrator.checkpoint.retry import DEFAULT_BACKOFF, Backoff, with_retries
+from orchestrator.errors import one_line
 from orchestrator.storage.location import StorageSpec, join
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,21 @@ CHUNK = 8 << 20  # bytes read, hashed and written at a time: memory stays flat f
 # added 1.0x its size to the rank's memory; with this, ~60 MiB, and the upload was faster).
 IN_FLIGHT = 64 << 20
 _STEP_DIR = re.compile(r"^step_(\d{9})$")
+# Reading the checkpoint a run starts from: an outage of up to two minutes is waited out.
+READING_BACKOFF = Backoff(1.0, 10.0, 120.0)
 
 
 class CorruptCheckpoint(RuntimeError):
     pass
+
+
+class CheckpointUnreachable(RuntimeError):
+    """A committed checkpoint could not be read for a reason of the disk, the network or the
+    credentials, not of its content: older ones would fail alike, down to a silent step 0."""
+
+
+class NotEnoughSpace(RuntimeError):
+    """The local disk cannot hold the checkpoint's files: not worth retrying, not corruption."""
 
 
 class IncompleteCheckpoint(RuntimeError):
@@ -148,6 +160,12 @@ class CheckpointStore:
             raise ValueError(f"the cache {cache} is the checkpoint's own store")  # rmtree below
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
+        if not self.is_local:  # downloads: the disk must hold them (links take no room)
+            need = sum(entry["bytes"] for entry in manifest["files"].values())
+            free = shutil.disk_usage(folder).free
+            if need > free:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise NotEnoughSpace(f"{need} bytes needed in {cache}, {free} free")
         try:
             for name, entry in manifest["files"].items():
                 if self.is_local:
@@ -200,21 +218,43 @@ class CheckpointStore:
 
     def newest_intact(self, cache: Path, skipped: list[str] | None = None,
                       corrupt: list[CheckpointRef] | None = None,
+                      backoff: Backoff = READING_BACKOFF,
                       ) -> tuple[CheckpointRef, Path] | None:
-        """The newest checkpoint whose files match their manifest, fetched; unreadable ones
-        are logged and described in ``skipped``, and those whose content is wrong (not an
-        error of the disk or the network) listed in ``corrupt``."""
-        for ref in reversed(self.committed()):
+        """The newest checkpoint whose files match their manifest, fetched. Those whose
+        content is wrong (a file that differs, is missing or is listed badly) are logged,
+        described in ``skipped`` and listed in ``corrupt``, and the next older one is tried.
+        An error of the disk, the network or the credentials is retried within ``backoff``,
+        then raised as CheckpointUnreachable: it is not corruption, and falling back past it
+        would start the run over."""
+        advice = ("the run does not start over without it; fix the disk, the network or the "
+                  "credentials and run the same command again")
+        try:
+            refs = with_retries(f"listing {self.spec.uri}", self.committed, backoff)
+        except OSError as exc:
+            raise CheckpointUnreachable(f"the checkpoints in {self.spec.uri} could not be listed "
+                                        f"({one_line(exc)[:300]}): {advice}") from exc
+        for ref in reversed(refs):
             try:
-                return ref, self.fetch(ref, cache)
-            except (CorruptCheckpoint, OSError, ValueError, KeyError, TypeError) as exc:
+                return ref, with_retries(f"reading {ref.uri}",
+                                         lambda r=ref: self._fetch_content(r, cache), backoff)
+            except (CorruptCheckpoint, ValueError, KeyError, TypeError) as exc:
                 reason = f"checkpoint {ref.uri} is unreadable ({exc}); trying an older one"
                 log.warning(reason)
                 if skipped is not None:
                     skipped.append(reason)
-                if corrupt is not None and not isinstance(exc, OSError):
+                if corrupt is not None:
                     corrupt.append(ref)
+            except (OSError, NotEnoughSpace) as exc:
+                raise CheckpointUnreachable(f"the checkpoint {ref.uri} could not be read "
+                                            f"({one_line(exc)[:300]}): {advice}") from exc
         return None
+
+    def _fetch_content(self, ref: CheckpointRef, cache: Path) -> Path:
+        """fetch, where a file or manifest gone since the listing is the checkpoint's fault."""
+        try:
+            return self.fetch(ref, cache)
+        except FileNotFoundError as exc:
+            raise CorruptCheckpoint(f"{ref.uri}: {one_line(exc)}") from exc
 
     def set_aside(self, ref: CheckpointRef) -> str:
         """Uncommit a corrupt checkpoint: its manifest moves to ``manifest.corrupt-<time>.json``
