@@ -218,6 +218,58 @@ def test_a_missing_part_is_never_committed_and_the_older_checkpoint_stays_latest
     assert store.latest().step == 10
 
 
+def test_rank_0_learns_at_once_that_a_rank_gave_its_part_up(tmp_path):
+    """Issue 26, 4: rank 1's upload failed for good (its budget spent); rank 0, with minutes
+    left to wait, stops waiting as soon as rank 1 says so, naming it and why."""
+    import time
+
+    spec = StorageSpec(str(tmp_path / "run"))
+    broken = CheckpointStore(spec)
+
+    def refuse(local, remote):
+        raise OSError("No space left on device")
+
+    broken._store_file = refuse
+    failures = []
+    Committer(broken, 1, 2, "att", asynchronous=False, backoff=Backoff(0.01, 0.02, 0.1),
+              on_failure=lambda s, e: failures.append(e)).snapshot(
+        10, rank_folder(tmp_path / "r1", 1, {"rank_1.pt": b"1"}), {})
+    started = time.monotonic()
+    Committer(CheckpointStore(spec), 0, 2, "att", asynchronous=False, backoff=Backoff(deadline_s=300),
+              on_failure=lambda s, e: failures.append(e)).snapshot(
+        10, rank_folder(tmp_path / "r0", 0, {"rank_0.pt": b"0"}), {})
+    assert time.monotonic() - started < 10
+    assert isinstance(failures[1], IncompleteCheckpoint), failures
+    assert "rank(s) [1] gave their part up: No space left on device" in str(failures[1])
+    assert CheckpointStore(spec).latest() is None
+
+
+def test_a_checkpoints_retries_share_one_budget(store, tmp_path):
+    """Issue 26, 4: every operation retried within its own deadline made a checkpoint's worst
+    case the sum of them (uploads, size checks, part record, wait, commit: 5 x 600 s). Here
+    the part record and the manifest each need 0.2 s of retries, 0.4 s together: each fits a
+    0.3 s deadline alone, not a checkpoint's budget of 0.3 s."""
+    import time
+
+    real, calls = store._write_atomically, {"n": 0}
+
+    def flaky(path, data):  # every write fails twice, then goes through
+        calls["n"] += 1
+        if calls["n"] % 3:
+            raise OSError("HTTP 503 Slow Down")
+        return real(path, data)
+
+    store._write_atomically = flaky
+    failures = []
+    started = time.monotonic()
+    Committer(store, 0, 1, "att", asynchronous=False, backoff=Backoff(0.1, 0.1, 0.3),
+              on_failure=lambda s, e: failures.append(e)).snapshot(
+        10, rank_folder(tmp_path, 0, {"m.pt": b"w"}), {})
+    assert "503" in str(failures[0]) and store.latest() is None
+    assert time.monotonic() - started < 0.35
+    assert calls["n"] < 6  # the commit never got its third try (it would have gone through)
+
+
 class FlakyListings:
     """The store's filesystem, whose next ``failures`` listings of a .parts folder fail (an
     S3 503, a dropped connection); everything else goes through to the real one."""

@@ -110,18 +110,20 @@ class Committer:
                 started = time.perf_counter()
             if self.store.is_committed(snap.step):  # an earlier attempt committed it: keep that
                 return
-            self.store.upload_part(snap.step, self.rank, self.attempt, snap.folder, self.backoff,
+            budget = self.backoff.budget()  # one deadline for the whole checkpoint
+            self.store.upload_part(snap.step, self.rank, self.attempt, snap.folder, budget,
                                    note={"save_s": round(snap.save_s, 4), "write_s": round(write_s, 4)})
             saved = None
             if self.rank == 0:
-                parts = self.store.wait_for_parts(snap.step, self.attempt, self.world_size,
-                                                  self.backoff)
-                saved = self.store.commit(snap.step, parts, snap.meta, self.backoff)
+                parts = self.store.wait_for_parts(snap.step, self.attempt, self.world_size, budget)
+                saved = self.store.commit(snap.step, parts, snap.meta, budget)
                 save_s = max(p.get("save_s", 0.0) for p in parts.values())
                 write_s = max(p.get("write_s", 0.0) for p in parts.values())
         except Exception as exc:  # the run goes on; the next checkpoint tries again
             log.error("checkpoint at step %d was not committed: %s", snap.step,
                       one_line(exc)[:300])
+            if self.rank != 0:
+                self.store.give_up_part(snap.step, self.rank, self.attempt, one_line(exc))
             self.on_failure(snap.step, exc)
             return
         finally:

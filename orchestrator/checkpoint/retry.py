@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from orchestrator.errors import one_line
@@ -19,6 +19,7 @@ class Backoff:
     first_s: float = 0.5
     max_s: float = 15.0
     deadline_s: float = 600.0  # give up on this checkpoint after so long; training goes on
+    until: float | None = None  # a time.monotonic() no operation retries past (the budget)
 
     def delays(self):
         delay = self.first_s
@@ -26,18 +27,28 @@ class Backoff:
             yield delay
             delay = min(delay * 2, self.max_s)
 
+    def budget(self) -> Backoff:
+        """The same backoff with one deadline for everything done under it from now on (a
+        checkpoint's every upload, listing and commit together), not one per operation."""
+        return replace(self, until=time.monotonic() + self.deadline_s)
+
+    def end(self, started: float) -> float:
+        """When an operation started at ``started`` stops retrying."""
+        end = started + self.deadline_s
+        return end if self.until is None else min(end, self.until)
+
 
 DEFAULT_BACKOFF = Backoff()
 
 
 def with_retries(what: str, operation: Callable[[], T], backoff: Backoff,
                  sleep: Callable[[float], None] = time.sleep) -> T:
-    started = time.monotonic()
+    end = backoff.end(time.monotonic())
     for attempt, delay in enumerate(backoff.delays(), start=1):
         try:
             return operation()
         except OSError as exc:
-            if time.monotonic() - started + delay > backoff.deadline_s:
+            if time.monotonic() + delay > end:
                 raise
             log.warning("%s failed (attempt %d, retrying in %.1fs): %s", what, attempt, delay,
                         one_line(exc)[:200])

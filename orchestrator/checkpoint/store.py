@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -329,6 +329,18 @@ class CheckpointStore:
                     dst.flush()  # waits for the parts sent so far; never sends a short part
         return {"bytes": size, "sha256": digest.hexdigest()}
 
+    def give_up_part(self, step: int, rank: int, attempt: str, reason: str) -> None:
+        """Tell rank 0 at once that this rank's part of ``step`` will not come (best effort, a
+        short try: the store may be what failed), instead of leaving it to wait its deadline."""
+        record = {"step": step, "rank": rank, "attempt": attempt, "failed": reason[:300]}
+        try:
+            with_retries("recording a part given up", lambda: self._write_atomically(
+                join(self.ref(step).path, PARTS, part_name(attempt, rank)),
+                json.dumps(record).encode()), Backoff(0.5, 1.0, 3.0))
+        except OSError as exc:
+            log.warning("could not tell rank 0 that rank %d's part of step %d will not come: %s",
+                        rank, step, one_line(exc)[:200])
+
     # -- writing: rank 0's commit --------------------------------------------------------
     def parts(self, step: int, attempt: str) -> dict[int, dict]:
         """The part records of one attempt written so far: {rank: record}."""
@@ -343,20 +355,27 @@ class CheckpointStore:
 
     def wait_for_parts(self, step: int, attempt: str, world_size: int,
                        backoff: Backoff = DEFAULT_BACKOFF, poll_s: float = 0.02) -> dict[int, dict]:
-        """Every rank's part record of ``attempt``, polled for up to ``backoff.deadline_s``."""
-        deadline = time.monotonic() + backoff.deadline_s
+        """Every rank's part record of ``attempt``, polled until the backoff's deadline (its
+        budget's, when it has one). A rank that gave its part up says so in its place (a
+        ``failed`` record): the wait ends at once, naming it."""
+        started = time.monotonic()
+        deadline = backoff.end(started)
         where = f"listing the parts of {self.ref(step).uri}"
         while True:
             # A listing error is retried like any other operation, within what is left of the
             # wait: the parts may all be there (it used to abandon the checkpoint at once).
-            left = Backoff(backoff.first_s, backoff.max_s, max(deadline - time.monotonic(), 0.0))
+            left = replace(backoff, deadline_s=max(deadline - time.monotonic(), 0.0), until=None)
             found = with_retries(where, lambda: self.parts(step, attempt), left)
+            failed = {r: p["failed"] for r, p in found.items() if "failed" in p}
+            if failed:
+                raise IncompleteCheckpoint(f"{self.ref(step).uri}: rank(s) {sorted(failed)} gave "
+                                           f"their part up: {next(iter(failed.values()))}")
             if len(found) >= world_size:
                 return found
             if time.monotonic() > deadline:
                 missing = sorted(set(range(world_size)) - set(found))
                 raise IncompleteCheckpoint(f"{self.ref(step).uri}: no part from rank(s) {missing} "
-                                           f"after {backoff.deadline_s:.0f} s")
+                                           f"after {time.monotonic() - started:.0f} s")
             time.sleep(poll_s)
             poll_s = min(poll_s * 1.5, 0.5)
 
