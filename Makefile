@@ -11,8 +11,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned, so that nothing later resolves a CUDA build of it.
-	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
+	$(PY) -m pip install -q --no-compile --disable-pip-version-check "torch==2.13.0"
+	$(PY) -m pip install -q --no-compile --disable-pip-version-check -e ".[test]"
 	touch $(STAMP)
 
 run: $(STAMP)

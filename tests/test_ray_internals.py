@@ -5,6 +5,7 @@ upgrade that renames one fails here, naming it, instead of silently costing what
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 
 import pytest
@@ -34,16 +35,16 @@ def test_helper_actors_a_run_does_not_need_are_not_started():
 
     before = kinds(real_trainer())
     assert {DatasetsCallback, PlacementGroupCleanerCallback} <= before, before
-    embedded = real_trainer()
-    without_unneeded_actors(embedded, embedded=True)
-    after = kinds(embedded)
+    run = real_trainer()  # a command's run, on an embedded or a joined cluster
+    without_unneeded_actors(run, keep_cleaner=False)
+    after = kinds(run)
     assert not after & {DatasetsCallback, PlacementGroupCleanerCallback,
                         PinnedPlacementGroupCleanerCallback}, after
     assert after == before - {DatasetsCallback, PlacementGroupCleanerCallback}  # the rest kept
-    joined = real_trainer()  # a shared cluster keeps its cleaner, pinned to it
-    without_unneeded_actors(joined, embedded=False)
-    assert PinnedPlacementGroupCleanerCallback in kinds(joined)
-    assert PlacementGroupCleanerCallback not in kinds(joined)
+    trial = real_trainer()  # a sweep's trial keeps its cleaner, pinned to the cluster
+    without_unneeded_actors(trial, keep_cleaner=True)
+    assert PinnedPlacementGroupCleanerCallback in kinds(trial)
+    assert PlacementGroupCleanerCallback not in kinds(trial)
 
 
 def test_the_sigint_hook_is_what_fit_calls_with_the_controller():
@@ -198,3 +199,47 @@ def test_auto_follows_only_a_cluster_file_of_this_users_own(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match=r"^cluster.address='auto': .* is another user's"):
         ray_session.resolve_address("auto")
     assert ray_session.resolve_address("10.0.0.7:6379") == "10.0.0.7:6379"  # the user said so
+
+
+def test_a_jobs_placement_groups_go_with_it_so_a_command_needs_no_cleaner(ray_head):
+    """Why a command's run starts no PlacementGroupCleaner (train_hooks.without_unneeded_actors):
+    a placement group an actor makes, as Ray Train's controller makes its workers', is removed
+    when the job (the command's driver) ends, whether the actor died first or not."""
+    import subprocess
+    import sys
+    import time
+
+    from scripts.local_cluster import node_env
+
+    make = ("import ray, os\n"
+            "from ray.util.placement_group import placement_group\n"
+            f"ray.init(address={ray_head.address!r}, logging_level='ERROR')\n"
+            "@ray.remote(num_cpus=0)\n"
+            "class Controller:\n"
+            "    def reserve(self):\n"
+            "        group = placement_group([{'CPU': 0.5}])\n"
+            "        ray.get(group.ready(), timeout=60)\n"
+            "        return group.id.hex()\n"
+            "c = Controller.remote()\n"
+            "print(ray.get(c.reserve.remote()))\n"
+            "if os.environ.get('KILL'): ray.kill(c)\n")
+    look = ("import ray, json\n"
+            "from ray.util.placement_group import placement_group_table\n"
+            f"ray.init(address={ray_head.address!r}, logging_level='ERROR')\n"
+            "print(json.dumps({k: v['state'] for k, v in placement_group_table().items()}))\n")
+    groups = []
+    for kill in ("", "1"):
+        made = subprocess.run([sys.executable, "-c", make], capture_output=True, text=True,
+                              env={**node_env(), "KILL": kill}, timeout=120)
+        assert made.returncode == 0, made.stderr[-2000:]
+        groups.append(made.stdout.split()[-1])
+    deadline = time.time() + 30
+    while True:
+        seen = subprocess.run([sys.executable, "-c", look], capture_output=True, text=True,
+                              env=node_env(), timeout=120)
+        states = {k[-len(g):]: v for k, v in json.loads(seen.stdout.split("\n")[-2]).items()
+                  for g in groups if k.endswith(g)}
+        if all(states.get(g) == "REMOVED" for g in groups) or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert all(states.get(g) == "REMOVED" for g in groups), states

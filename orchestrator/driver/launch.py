@@ -164,7 +164,7 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
                                   storage_marker)
     # A sweep's trial (a reused session) keeps the cleaner: an early-stopped trial's
     # workers must give their CPUs back to the next trials.
-    without_unneeded_actors(ray_trainer, embedded=not session.joined and not session.reused)
+    without_unneeded_actors(ray_trainer, keep_cleaner=session.reused)
     controller = interrupted_by_ctrl_c(ray_trainer)
     for problem in hooks_missing(ray_trainer):  # after a Ray upgrade (ray_internals/)
         log.warning("%s", problem)

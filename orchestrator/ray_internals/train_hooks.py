@@ -73,14 +73,16 @@ def interrupted_by_ctrl_c(ray_trainer) -> Controller:
     return controller
 
 
-def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
+def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
     """Ray Train 2.60 starts a helper actor (a process importing Ray: ~2 CPU-seconds and
     ~170 MiB here) for each of these on every run, needed or not:
     - DatasetManager, with Ray Datasets or without: the orchestrator's workers load their
       data themselves and never pass any;
-    - PlacementGroupCleaner, which removes the placement group if the controller dies: on an
-      embedded Ray the whole cluster ends with the command anyway. Where it is kept (joined
-      clusters, sweep trials) it is pinned to this cluster (ray_internals/pg_cleaner.py).
+    - PlacementGroupCleaner, which removes the workers' placement group if the controller
+      dies while the driver lives on. A command's driver ends with its run, and Ray removes
+      the placement groups of a job's actors when the job ends (tests/test_ray_internals.py).
+      Kept for sweep trials (``keep_cleaner``), whose driver outlives many controllers,
+      pinned to this cluster (ray_internals/pg_cleaner.py).
     A private hook: if a Ray upgrade renames it, nothing changes but the cost."""
     create = getattr(ray_trainer, "_create_default_callbacks", None)
     try:
@@ -95,7 +97,7 @@ def without_unneeded_actors(ray_trainer, embedded: bool) -> None:
     if create is None:
         return
     unneeded: tuple[type, ...] = () if getattr(ray_trainer, "datasets", None) else (DatasetsCallback,)
-    if embedded:
+    if not keep_cleaner:
         unneeded += (PlacementGroupCleanerCallback,)
 
     def adjusted() -> list:
