@@ -174,23 +174,18 @@ def user_project(tmp_path: Path) -> Path:
     return target
 
 
-def dashboard_get(head: RayHead, path: str, timeout: float = 5) -> bytes:
-    """What the head's dashboard answers at ``path`` (with Ray's token, when it asks one)."""
-    import urllib.request
-
-    request = urllib.request.Request(f"{head.dashboard}{path}")
-    token = Path.home() / ".ray" / "auth_token"
-    if token.exists():
-        request.add_header("Authorization", f"Bearer {token.read_text().strip()}")
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return response.read()
-
-
 def cpus_in_use(head: RayHead) -> float | None:
     """The head's CPUs held by anything (its dashboard's view, refreshed every few seconds);
     None when it cannot say."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{head.dashboard}/api/cluster_status")
+    token = Path.home() / ".ray" / "auth_token"
+    if token.exists():
+        request.add_header("Authorization", f"Bearer {token.read_text().strip()}")
     try:
-        status = json.loads(dashboard_get(head, "/api/cluster_status"))
+        with urllib.request.urlopen(request, timeout=5) as response:
+            status = json.loads(response.read())
         return status["data"]["clusterStatus"]["loadMetricsReport"]["usage"]["CPU"][0]
     except (OSError, KeyError, TypeError, ValueError):
         return None
