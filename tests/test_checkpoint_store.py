@@ -444,6 +444,33 @@ def test_an_error_after_a_commit_does_not_end_the_upload_thread(store, tmp_path)
     assert seen == [10, 20, 30, 40] and [r.step for r in store.committed()] == [10, 20, 30, 40]
 
 
+def test_a_save_never_waits_long_for_a_stalled_upload_the_oldest_waiting_one_is_dropped(
+        store, tmp_path, monkeypatch):
+    """Issue 26, 4: with the storage stalled, the 4th save blocked until an upload finished
+    (a whole outage). It now waits at most Committer.MAX_WAIT_S; then the oldest waiting
+    snapshot is dropped, the newest goes next, and rank 0 is told at once (a failed part)."""
+    monkeypatch.setattr(Committer, "MAX_WAIT_S", 0.2)
+    stalled, real = threading.Event(), store._store_file
+
+    def upload(local, remote):
+        stalled.wait(30)  # the storage answers once the outage ends
+        return real(local, remote)
+
+    store._store_file = upload
+    failures = []
+    rank1 = Committer(store, 1, 2, "att", asynchronous=True,
+                      on_failure=lambda s, e: failures.append((s, str(e))))
+    blocked = [rank1.snapshot(step, rank_folder(tmp_path / str(step), 1, {"r1.pt": b"%d" % step}), {})
+               for step in (10, 20, 30, 40, 50)]
+    assert max(blocked) < 2, blocked
+    assert [s for s, _ in failures] == [20, 30] and "uploads fell behind" in failures[0][1]
+    stalled.set()
+    rank1.close()
+    assert rank1.committed_steps == [10, 40, 50]  # a part stored for each of these
+    assert "uploads fell behind" in store.parts(20, "att")[1]["failed"]  # rank 0 stops waiting
+    assert not any((tmp_path / str(s) / "snapshot-rank1").exists() for s in (20, 30))  # deleted
+
+
 def test_leftovers_of_failed_writes_are_removed_when_a_worker_group_starts(tmp_path):
     """A killed rank's staging folder and a step never committed, older than the newest
     commit, go; a newer uncommitted step (written again anyway), a corrupt checkpoint's

@@ -11,10 +11,10 @@ asynchronous=False the same work happens inline, on the step.
 from __future__ import annotations
 
 import logging
-import queue
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +44,16 @@ class Committed:
     write_s: float = 0.0  # the longest a rank's upload waited for its files (a pending write)
 
 
+class CheckpointDropped(RuntimeError):
+    """Uploads fell behind: a newer snapshot took this one's place in the queue."""
+
+
 class Committer:
-    # Snapshots waiting for upload (each holds a checkpoint on local disk); one more waits.
+    # Snapshots waiting behind the one being uploaded (each holds a checkpoint on local
+    # disk). A save waits at most MAX_WAIT_S for room; then the oldest waiting one is dropped
+    # instead, so that an outage never stalls training and the newest checkpoint goes next.
     MAX_QUEUED = 2
+    MAX_WAIT_S = 10.0
 
     def __init__(self, store: CheckpointStore, rank: int = 0, world_size: int = 1,
                  attempt: str = "single", asynchronous: bool = True,
@@ -59,7 +66,11 @@ class Committer:
         self.on_commit = on_commit or (lambda c: None)
         self.on_failure = on_failure or (lambda step, exc: None)
         self.backoff = backoff
-        self._queue: queue.Queue[Snapshot | None] = queue.Queue(maxsize=self.MAX_QUEUED)
+        self._waiting: deque[Snapshot] = deque()
+        self._dropped: list[tuple[int, str]] = []  # (step, why): rank 0 is told by the thread
+        self._busy = False  # the thread holds a snapshot
+        self._stopping = False
+        self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self.committed_steps: list[int] = []  # rank 0: committed; others: part stored
 
@@ -69,37 +80,64 @@ class Committer:
         return the seconds the step was blocked in here."""
         started = time.perf_counter()
         snap = Snapshot(step, Path(folder), meta, save_s, pending)
-        if self.asynchronous:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="checkpoint-upload",
-                                                daemon=True)
-                self._thread.start()
-            self._queue.put(snap)  # blocks only if uploads fall MAX_QUEUED behind
-        else:
+        if not self.asynchronous:
             self._store(snap)
+            return time.perf_counter() - started
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="checkpoint-upload",
+                                            daemon=True)
+            self._thread.start()
+        with self._cv:
+            self._cv.wait_for(lambda: len(self._waiting) < self.MAX_QUEUED, self.MAX_WAIT_S)
+            dropped = self._waiting.popleft() if len(self._waiting) >= self.MAX_QUEUED else None
+            self._waiting.append(snap)
+            if dropped is not None:
+                why = (f"uploads fell behind: the checkpoint at step {snap.step} took its place "
+                       "(a save never waits for the storage)")
+                self._dropped.append((dropped.step, why))
+            self._cv.notify_all()
+        if dropped is not None:
+            shutil.rmtree(dropped.folder, ignore_errors=True)
+            log.warning("checkpoint at step %d dropped: %s", dropped.step, why)
+            self.on_failure(dropped.step, CheckpointDropped(why))
         return time.perf_counter() - started
 
     def flush(self) -> None:
-        """Wait until every snapshot handed over so far is stored (rank 0: committed)."""
-        if self._thread is not None:
-            self._queue.join()
+        """Wait until every snapshot handed over so far is stored (rank 0: committed) or
+        dropped."""
+        with self._cv:
+            self._cv.wait_for(lambda: not (self._waiting or self._busy or self._dropped))
 
     def close(self) -> None:
+        if self._thread is None:
+            return
         self.flush()
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self._thread.join()
+        self._thread = None
+        self._stopping = False
 
     def _run(self) -> None:
         while True:
-            snap = self._queue.get()
-            try:
-                if snap is None:
+            with self._cv:
+                self._cv.wait_for(lambda: self._waiting or self._dropped or self._stopping)
+                if not (self._waiting or self._dropped):
                     return
-                self._store(snap)
+                dropped, self._dropped = self._dropped, []
+                snap = self._waiting.popleft() if self._waiting else None
+                self._busy = True
+            try:
+                if self.rank != 0:  # rank 0 must not wait for parts that will not come
+                    for step, why in dropped:
+                        self.store.give_up_part(step, self.rank, self.attempt, why)
+                if snap is not None:
+                    self._store(snap)
             finally:
-                self._queue.task_done()
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
 
     def _store(self, snap: Snapshot) -> None:
         started, write_s = time.perf_counter(), 0.0
