@@ -129,9 +129,11 @@ class Committer:
                 snap = self._waiting.popleft() if self._waiting else None
                 self._busy = True
             try:
-                if self.rank != 0:  # rank 0 must not wait for parts that will not come
-                    for step, why in dropped:
+                for step, why in dropped if self.rank != 0 else ():
+                    try:  # rank 0 must not wait for parts that will not come (best effort)
                         self.store.give_up_part(step, self.rank, self.attempt, why)
+                    except Exception as exc:  # nothing may end this thread: flush waits on it
+                        log.warning("telling rank 0 about step %d: %s", step, one_line(exc))
                 if snap is not None:
                     self._store(snap)
             finally:
