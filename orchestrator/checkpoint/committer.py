@@ -93,7 +93,7 @@ class Committer:
             self._waiting.append(snap)
             if dropped is not None:
                 why = (f"uploads fell behind: the checkpoint at step {snap.step} took its place "
-                       "(a save never waits for the storage)")
+                       f"after {self.MAX_WAIT_S:.0f} s (a save never stalls training longer)")
                 self._dropped.append((dropped.step, why))
             self._cv.notify_all()
         if dropped is not None:
