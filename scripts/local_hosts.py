@@ -195,7 +195,7 @@ class LocalHosts:
                 shutil.rmtree(self.root, ignore_errors=True)  # a leftover of an earlier crash
                 self.root.mkdir(mode=0o700)  # exclusive: fails if anything is still there
                 return
-        raise RuntimeError("no free test-host tag (run `python scripts/local_hosts.py down`)")
+        raise RuntimeError("no free test-host tag (run `python scripts/local_hosts.py down --all`)")
 
     def _make_host(self, i: int) -> Host:
         host = Host(i, f"{PREFIX}{self.tag}h{i}", f"{PREFIX}{self.tag}v{i}", f"10.77.{self.tag}.{10 + i}",
