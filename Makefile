@@ -10,9 +10,11 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first, pinned, so that nothing later resolves a CUDA build of it.
-	$(PY) -m pip install -q --no-compile --disable-pip-version-check "torch==2.13.0"
-	$(PY) -m pip install -q --no-compile --disable-pip-version-check -e ".[test]"
+	# torch first, pinned, so that nothing later resolves a CUDA build of it. pip compiles
+	# every module here: Ray starts its workers with PYTHONDONTWRITEBYTECODE=1, so a module
+	# without its .pyc is compiled again in every worker (--no-compile made the suite crawl).
+	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
 	touch $(STAMP)
 
 run: $(STAMP)
