@@ -43,6 +43,11 @@ def processes() -> dict[int, tuple[str, float]]:
     return found
 
 
+def named(title: str) -> bool:
+    """A Ray worker's title once its actor started (ray::IDLE before and after)."""
+    return title.startswith("ray::") and not title.startswith("ray::IDLE")
+
+
 def role(title: str, driver_pid: int, pid: int) -> str:
     if pid == driver_pid:
         return "driver"
@@ -62,8 +67,7 @@ def measure(address: str, cwd: Path, overrides: list[str]) -> dict:
         while not stop.is_set():
             for pid, (title, cpu) in processes().items():
                 old = seen.get(pid, ("", 0.0))[0]
-                keep = old if old.startswith("ray::") or not title else title
-                seen[pid] = (keep, cpu)
+                seen[pid] = (title if named(title) or not named(old) and title else old, cpu)
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
