@@ -364,8 +364,8 @@ class CheckpointStore:
         while True:
             # A listing error is retried like any other operation, within what is left of the
             # wait: the parts may all be there (it used to abandon the checkpoint at once).
-            left = replace(backoff, deadline_s=max(deadline - time.monotonic(), 0.0), until=None)
-            found = with_retries(where, lambda: self.parts(step, attempt), left)
+            found = with_retries(where, lambda: self.parts(step, attempt),
+                                 replace(backoff, until=deadline))
             failed = {r: p["failed"] for r, p in found.items() if "failed" in p}
             if failed:
                 raise IncompleteCheckpoint(f"{self.ref(step).uri}: rank(s) {sorted(failed)} gave "

@@ -42,8 +42,6 @@ class WorkerSpec:
         shown["config"] = redact(self.config)
         return redact_text(f"WorkerSpec({shown!r})")
 
-    __str__ = __repr__
-
 
 class Collective(Protocol):
     def broadcast(self, value: Any) -> Any: ...  # rank 0's value, on every rank

@@ -160,15 +160,14 @@ def seeded_rows(plan: StepPlan, start: int, total: int,
 
 @contextmanager
 def loop_randomness_kept():
-    """An in-process fetch leaves the loop's own random state (its dropout) as it was, as a
-    fetch in a DataLoader process does."""
-    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    """An in-process fetch leaves the loop's own random state (torch's: its dropout, seeded
+    every step) as it was, as a fetch in a DataLoader process does. random's and numpy's are
+    not the loop's (it never seeds them); keeping them too cost ~95 us a micro-batch."""
+    state = torch.random.get_rng_state()
     try:
         yield
     finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.random.set_rng_state(states[2])
+        torch.random.set_rng_state(state)
 
 
 def loader(dataset: Dataset, batch_sampler, collate: Callable, num_workers: int,
