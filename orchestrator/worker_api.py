@@ -29,6 +29,8 @@ No framework is imported here: a checkpoint is whatever files ``write(dir)`` put
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -42,7 +44,7 @@ import numpy as np
 from orchestrator.checkpoint.committer import Committed, Committer
 from orchestrator.checkpoint.policy import CheckpointPolicy
 from orchestrator.checkpoint.retry import Backoff
-from orchestrator.checkpoint.store import CheckpointStore
+from orchestrator.checkpoint.store import MANIFEST, CheckpointStore
 from orchestrator.data.order import DataOrder, step_seed
 from orchestrator.errors import one_line
 from orchestrator.observe.step_reports import StepReports
@@ -157,6 +159,12 @@ class StreamedBatches(Batches):
         return {**super().position(step), **self._order.position()}
 
 
+def matching(patterns: Iterable[str]) -> Callable[[str], bool]:
+    """A checkpoint file name's test: one of the names or glob patterns (``*`` spans folders)."""
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
 # -- the context -------------------------------------------------------------------------
 class WorkerContext:
     """One per worker, built by the orchestrator before your function is called."""
@@ -184,6 +192,7 @@ class WorkerContext:
         self._step = start.step
         self._announced = False
         self._restored: Path | None = start.path
+        self._restored_bytes = 0  # fetched by restore() (rank 0: its verified copy)
         self._policy = CheckpointPolicy(spec.checkpoint.every_steps, spec.checkpoint.every_seconds)
         self._checks = PreemptionChecks(spec.preemption_check_s, start.step, now)
         self._reports = StepReports(spec.recorder) if rank == 0 else None
@@ -201,16 +210,29 @@ class WorkerContext:
             backoff=Backoff(deadline_s=spec.checkpoint.upload_retry_s))
 
     # -- restoring -----------------------------------------------------------------------
-    def restore(self) -> Path | None:
+    def restore(self, files: Iterable[str] | None = None) -> Path | None:
         """A local directory holding the newest committed checkpoint (the files its manifest
-        lists, every rank's, and manifest.json, checked against their checksums; on any store,
-        nothing else), or None on a fresh start. Every
-        rank gets the same checkpoint, taken at ``start_step``. Read it; do not write into it."""
+        lists and manifest.json, checked against their checksums; on any store, nothing
+        else), or None on a fresh start. Every rank gets the same checkpoint, taken at
+        ``start_step``. Read it; do not write into it.
+        ``files``: the names or glob patterns (``dcp/*``) of the files this rank loads, and
+        only those are fetched to it: a rank of a sharded job reads its own shards, not every
+        rank's. Called again with others, the same folder gets those too. None: every file
+        (rank 0 has them all in any case: it verified the whole checkpoint before the start)."""
         if self._start.ref is None:
             return None
-        if self._restored is None:  # rank 0 fetched (and verified) it before the start
-            self._restored = self._start.store.fetch(self._start.ref, self._workdir / "restore",
-                                                     verify=not self._start.store.is_local)
+        if self._start.path is not None:
+            if not self._restored_bytes:
+                listed = json.loads((self._start.path / MANIFEST).read_text())["files"]
+                self._restored_bytes = sum(entry["bytes"] for entry in listed.values())
+                self._spec.recorder.restored.remote(self.rank, self._restored_bytes)
+            return self._start.path
+        choose = None if files is None else matching(files)
+        self._restored, nbytes = self._start.store.fetch_loaded(
+            self._start.ref, self._workdir / "restore", choose or (lambda name: True),
+            verify=not self._start.store.is_local)
+        self._restored_bytes += nbytes
+        self._spec.recorder.restored.remote(self.rank, self._restored_bytes)
         return self._restored
 
     @property

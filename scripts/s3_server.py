@@ -120,6 +120,24 @@ class SeaweedS3:
         self.stop()
         raise RuntimeError(f"SeaweedFS did not answer within {timeout:.0f} s")
 
+    def shell(self, command: str) -> str:
+        """One command of ``weed shell`` against this server (its identities, for one)."""
+        done = subprocess.run([*self.command_prefix, weed_binary(), "shell",
+                               f"-master={self.host}:{self.ports['master']}"],
+                              input=command + "\n", capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"weed shell {command!r}: {done.stderr[-1000:]}")
+        return done.stdout
+
+    def grant(self, user: str, access_key: str, secret_key: str) -> None:
+        """A key for ``user`` with every right, taken at once (rotating keys in tests)."""
+        self.shell(f"s3.configure -user={user} -access_key={access_key} -secret_key={secret_key}"
+                   " -actions=Read,Write,List,Admin -apply")
+
+    def revoke(self, user: str, access_key: str) -> None:
+        """The key refused from now on (an expired or rotated credential)."""
+        self.shell(f"s3.configure -user={user} -access_key={access_key} -delete -apply")
+
     def stop(self, kill: bool = False) -> None:
         """Stop our own server by pid: SIGTERM, then SIGKILL (weed can outlive SIGTERM)."""
         if self.process is None or self.process.poll() is not None:

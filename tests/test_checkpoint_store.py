@@ -24,6 +24,7 @@ from orchestrator.checkpoint.store import (
     CheckpointStore,
     CorruptCheckpoint,
     IncompleteCheckpoint,
+    local_files,
     open_source,
     step_dir,
 )
@@ -31,6 +32,7 @@ from orchestrator.config.schema import Config, StorageConfig
 from orchestrator.driver.run_plan import make_plan
 from orchestrator.errors import ConfigError
 from orchestrator.storage.location import StorageSpec
+from orchestrator.worker_api import matching
 from tests.helpers import (
     assert_planted_one_refused,
     bad_names,
@@ -324,6 +326,32 @@ def test_a_local_checkpoint_is_fetched_as_its_manifests_files_only(store, tmp_pa
     with pytest.raises(CorruptCheckpoint, match="rank_1.json does not match"):
         store.fetch(store.latest(), tmp_path / "cache")
     assert not (tmp_path / "cache" / step_dir(10)).exists()
+
+
+def test_a_rank_fetches_only_the_files_it_loads_and_more_on_asking(store, tmp_path):
+    """restore(files=...): a rank of a sharded job fetches its own shard and the metadata, not
+    every rank's; asked again, the same folder gets more; a file that fails its check leaves
+    the files fetched before as they were."""
+    for rank in (1, 0):
+        files = {f"dcp/__{rank}_0.distcp": b"shard%d" % rank}
+        if rank == 0:
+            files["dcp/.metadata"] = b"meta"
+        Committer(store, rank, 2, "a2", asynchronous=False).snapshot(
+            10, rank_folder(tmp_path / "a2", rank, files), {})
+    ref, cache = store.latest(), tmp_path / "cache"
+    folder, nbytes = store.fetch_some(ref, cache, matching(["dcp/*.metadata", "dcp/__1_*"]))
+    assert sorted(local_files(folder)) == sorted([MANIFEST, "dcp/.metadata", "dcp/__1_0.distcp"])
+    assert nbytes == len(b"meta") + len(b"shard1")
+    again, more = store.fetch_some(ref, cache, matching("dcp/__0_0.distcp"))
+    assert again == folder and more == len(b"shard0")
+    assert (folder / "dcp" / "__0_0.distcp").read_bytes() == b"shard0"
+    assert store.fetch_some(ref, cache, matching("dcp/*"))[1] == 0  # nothing left to fetch
+    # A file found corrupt on a later ask: that file is not left, the others stay.
+    (folder / "dcp" / "__0_0.distcp").unlink()
+    Path(stored_path(Path(ref.path), "dcp/__0_0.distcp")).write_bytes(b"x")
+    with pytest.raises(CorruptCheckpoint):
+        store.fetch_some(ref, cache, matching("dcp/__0_0.distcp"))
+    assert sorted(local_files(folder)) == sorted([MANIFEST, "dcp/.metadata", "dcp/__1_0.distcp"])
 
 
 def test_a_cache_on_another_disk_links_the_files_symbolically(store, tmp_path, monkeypatch):

@@ -148,9 +148,9 @@ class Committer:
                 snap.pending.result()  # the files are complete (it raises if writing failed)
                 write_s = time.perf_counter() - started
                 started = time.perf_counter()
-            if self.store.is_committed(snap.step):  # an earlier attempt committed it: keep that
-                return
             budget = self.backoff.budget()  # one deadline for the whole checkpoint
+            if self.store.is_committed(snap.step, budget):  # an earlier attempt committed it
+                return
             self.store.upload_part(snap.step, self.rank, self.attempt, snap.folder, budget,
                                    note={"save_s": round(snap.save_s, 4), "write_s": round(write_s, 4)})
             saved = None

@@ -42,7 +42,10 @@ DEFAULT_BACKOFF = Backoff()
 
 
 def with_retries(what: str, operation: Callable[[], T], backoff: Backoff,
-                 sleep: Callable[[float], None] = time.sleep) -> T:
+                 sleep: Callable[[float], None] = time.sleep,
+                 renew: Callable[[OSError], None] | None = None) -> T:
+    """``operation()``, retried on OSError until the backoff's deadline; ``renew(error)`` runs
+    before each retry (a store opens its connection again on a credentials error)."""
     end = backoff.end(time.monotonic())
     for attempt, delay in enumerate(backoff.delays(), start=1):
         try:
@@ -53,4 +56,6 @@ def with_retries(what: str, operation: Callable[[], T], backoff: Backoff,
             log.warning("%s failed (attempt %d, retrying in %.1fs): %s", what, attempt, delay,
                         one_line(exc)[:200])
             sleep(delay)
+            if renew is not None:
+                renew(exc)
     raise AssertionError("unreachable")

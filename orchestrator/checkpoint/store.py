@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 from orchestrator.checkpoint.names import check_names
 from orchestrator.checkpoint.retry import DEFAULT_BACKOFF, Backoff, with_retries
 from orchestrator.errors import one_line
-from orchestrator.storage.location import StorageSpec, join
+from orchestrator.storage.location import StorageSpec, join, refused_credentials
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,25 @@ class CorruptCheckpoint(RuntimeError):
 
 class CheckpointUnreachable(RuntimeError):
     """A committed checkpoint could not be read for a reason of the disk, the network or the
-    credentials, not of its content: older ones would fail alike, down to a silent step 0."""
+    credentials, not of its content: older ones would fail alike, down to a silent step 0.
+    Raised after READING_BACKOFF's retries: the run stops with it rather than restarting."""
+
+    retry = False
 
 
 class NotEnoughSpace(RuntimeError):
     """The local disk cannot hold the checkpoint's files: not worth retrying, not corruption."""
+
+    retry = False
+
+
+UNREACHABLE_ADVICE = ("the run does not start over without it; fix the disk, the network or "
+                      "the credentials and run the same command again")
+
+
+def unreachable(ref: CheckpointRef, exc: BaseException) -> CheckpointUnreachable:
+    return CheckpointUnreachable(f"the checkpoint {ref.uri} could not be read "
+                                 f"({one_line(exc)[:300]}): {UNREACHABLE_ADVICE}")
 
 
 class IncompleteCheckpoint(RuntimeError):
@@ -107,6 +121,13 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _same_manifest(path: Path, manifest: dict) -> bool:
+    try:
+        return json.loads(path.read_text()) == manifest
+    except (OSError, ValueError):
+        return False
+
+
 class CheckpointStore:
     """The committed checkpoints under one root URI (one run)."""
 
@@ -115,6 +136,16 @@ class CheckpointStore:
         self.fs, self.root = spec.filesystem()
         self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
         self._sequence: int | None = None  # the newest commit's sequence, once read (commit)
+
+    def _retry(self, what: str, operation, backoff: Backoff):
+        return with_retries(what, operation, backoff, renew=self._renew)
+
+    def _renew(self, error: OSError) -> None:
+        """Credentials refused (expired, rotated): open the filesystem again before the next
+        try, so that credentials from the AWS chain (a profile's file rewritten, a refreshed
+        web identity token) are read anew; fixed keys stay what they are."""
+        if self.spec.is_s3 and self.spec.credentials is None and refused_credentials(error):
+            self.fs, _ = self.spec.filesystem()
 
     def ref(self, step: int) -> CheckpointRef:
         name = step_dir(step)
@@ -138,8 +169,13 @@ class CheckpointStore:
         refs = self.committed()
         return refs[-1] if refs else None
 
-    def is_committed(self, step: int) -> bool:
-        return self.fs.get_file_info(join(self.ref(step).path, MANIFEST)).type == pafs.FileType.File
+    def is_committed(self, step: int, backoff: Backoff | None = None) -> bool:
+        """Whether the step's manifest is there; retried within ``backoff`` if one is given."""
+        def check() -> bool:
+            return self.fs.get_file_info(join(self.ref(step).path, MANIFEST)).type == pafs.FileType.File
+        if backoff is None:
+            return check()
+        return self._retry(f"checking {self.ref(step).uri}", check, backoff)
 
     def read_manifest(self, ref: CheckpointRef) -> dict:
         """The manifest, its file list checked (CorruptCheckpoint if a name could leave the
@@ -154,29 +190,49 @@ class CheckpointStore:
         and its manifest, nothing else, each file checked against the manifest: the same view
         from every store. A local store's files are linked in (_link); an object store's are
         downloaded (hashed as they stream). ``verify=False`` skips a local file's hash."""
+        return self.fetch_some(ref, cache, None, verify)[0]
+
+    def fetch_some(self, ref: CheckpointRef, cache: Path, choose: Callable[[str], bool] | None,
+                   verify: bool = True) -> tuple[Path, int]:
+        """``fetch`` of the files ``choose(name)`` accepts (None: all), and the bytes fetched.
+        Called again for the same checkpoint and cache, the folder keeps the files it has and
+        gets the newly chosen ones too: a rank fetches only what it loads (its own shards, or
+        rank 0's files), never the whole checkpoint for a part of it."""
         manifest = self.read_manifest(ref)
         folder = cache / step_dir(ref.step)
         if self.is_local and folder.resolve() == Path(ref.path).resolve():
             raise ValueError(f"the cache {cache} is the checkpoint's own store")  # rmtree below
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
+        # Adding to what an earlier call fetched of the same commit (a rank asking for more);
+        # a whole fetch, or another commit of the step (one rewritten), starts afresh.
+        adding = choose is not None and _same_manifest(folder / MANIFEST, manifest)
+        if not adding:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+        wanted = {name: entry for name, entry in manifest["files"].items()
+                  if (choose is None or choose(name)) and not (folder / name).exists()}
+        need = sum(entry["bytes"] for entry in wanted.values())
         if not self.is_local:  # downloads: the disk must hold them (links take no room)
-            need = sum(entry["bytes"] for entry in manifest["files"].values())
             free = shutil.disk_usage(folder).free
             if need > free:
-                shutil.rmtree(folder, ignore_errors=True)
+                if not adding:
+                    shutil.rmtree(folder, ignore_errors=True)
                 raise NotEnoughSpace(f"{need} bytes needed in {cache}, {free} free")
         try:
-            for name, entry in manifest["files"].items():
+            for name, entry in wanted.items():
                 if self.is_local:
                     self._link(ref, name, entry, folder / name, verify)
                 else:
                     self._download(ref, name, entry, folder / name)
         except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)  # a failed try leaves nothing behind
+            if adding:  # what this call added goes; what the folder had stays
+                for name in wanted:
+                    (folder / name).unlink(missing_ok=True)
+            else:
+                shutil.rmtree(folder, ignore_errors=True)  # a failed try leaves nothing behind
             raise
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        return folder
+        if not adding:
+            (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        return folder, need
 
     def _link(self, ref: CheckpointRef, name: str, entry: dict, target: Path, verify: bool) -> None:
         """One file of a local store, hard-linked to ``target`` and checked there. The store's
@@ -226,16 +282,14 @@ class CheckpointStore:
         An error of the disk, the network or the credentials is retried within ``backoff``,
         then raised as CheckpointUnreachable: it is not corruption, and falling back past it
         would start the run over."""
-        advice = ("the run does not start over without it; fix the disk, the network or the "
-                  "credentials and run the same command again")
         try:
-            refs = with_retries(f"listing {self.spec.uri}", self.committed, backoff)
+            refs = self._retry(f"listing {self.spec.uri}", self.committed, backoff)
         except OSError as exc:
             raise CheckpointUnreachable(f"the checkpoints in {self.spec.uri} could not be listed "
-                                        f"({one_line(exc)[:300]}): {advice}") from exc
+                                        f"({one_line(exc)[:300]}): {UNREACHABLE_ADVICE}") from exc
         for ref in reversed(refs):
             try:
-                return ref, with_retries(f"reading {ref.uri}",
+                return ref, self._retry(f"reading {ref.uri}",
                                          lambda r=ref: self._fetch_content(r, cache), backoff)
             except (CorruptCheckpoint, ValueError, KeyError, TypeError) as exc:
                 reason = f"checkpoint {ref.uri} is unreadable ({exc}); trying an older one"
@@ -245,14 +299,27 @@ class CheckpointStore:
                 if corrupt is not None:
                     corrupt.append(ref)
             except (OSError, NotEnoughSpace) as exc:
-                raise CheckpointUnreachable(f"the checkpoint {ref.uri} could not be read "
-                                            f"({one_line(exc)[:300]}): {advice}") from exc
+                raise unreachable(ref, exc) from exc
         return None
 
-    def _fetch_content(self, ref: CheckpointRef, cache: Path) -> Path:
+    def fetch_loaded(self, ref: CheckpointRef, cache: Path, choose: Callable[[str], bool],
+                     verify: bool = True, backoff: Backoff = READING_BACKOFF) -> tuple[Path, int]:
+        """A rank's ``fetch_some`` of the files it loads from the checkpoint rank 0 chose: an
+        error of the disk, the network or the credentials is retried within ``backoff``, then
+        raised as CheckpointUnreachable, as for rank 0."""
+        try:
+            return self._retry(f"reading {ref.uri}",
+                               lambda: self._fetch_content(ref, cache, choose, verify), backoff)
+        except (OSError, NotEnoughSpace) as exc:
+            raise unreachable(ref, exc) from exc
+
+    def _fetch_content(self, ref: CheckpointRef, cache: Path,
+                       choose: Callable[[str], bool] | None = None, verify: bool = True):
         """fetch, where a file or manifest gone since the listing is the checkpoint's fault."""
         try:
-            return self.fetch(ref, cache)
+            if choose is None:
+                return self.fetch(ref, cache, verify)
+            return self.fetch_some(ref, cache, choose, verify)
         except FileNotFoundError as exc:
             raise CorruptCheckpoint(f"{ref.uri}: {one_line(exc)}") from exc
 
@@ -287,23 +354,23 @@ class CheckpointStore:
         ref = self.ref(step)
         names = local_files(local)
         check_names(names, f"the snapshot {local} of {ref.uri}", CorruptCheckpoint)
-        with_retries(f"creating {ref.uri}", lambda: self.fs.create_dir(ref.path, recursive=True),
+        self._retry(f"creating {ref.uri}", lambda: self.fs.create_dir(ref.path, recursive=True),
                      backoff)
         entries = {}
         for name in names:
             key = f"{attempt}/{name}"
-            entries[name] = {**with_retries(
+            entries[name] = {**self._retry(
                 f"uploading {ref.uri}/{key}",
                 lambda n=name, k=key: self._store_file(local / n, join(ref.path, k)), backoff),
                 "key": key}
         for name, entry in entries.items():
-            size = with_retries(f"checking {ref.uri}/{entry['key']}",
+            size = self._retry(f"checking {ref.uri}/{entry['key']}",
                                 lambda k=entry["key"]: self.fs.get_file_info(join(ref.path, k)).size,
                                 backoff)
             if size != entry["bytes"]:
                 raise CorruptCheckpoint(f"{ref.uri}/{name}: {size} bytes stored, {entry['bytes']} sent")
         record = {"step": step, "rank": rank, "attempt": attempt, "files": entries, **(note or {})}
-        with_retries(f"recording rank {rank}'s part of {ref.uri}",
+        self._retry(f"recording rank {rank}'s part of {ref.uri}",
                      lambda: self._write_atomically(join(ref.path, PARTS, part_name(attempt, rank)),
                                                     json.dumps(record).encode()), backoff)
         return entries
@@ -334,7 +401,7 @@ class CheckpointStore:
         short try: the store may be what failed), instead of leaving it to wait its deadline."""
         record = {"step": step, "rank": rank, "attempt": attempt, "failed": reason[:300]}
         try:
-            with_retries("recording a part given up", lambda: self._write_atomically(
+            self._retry("recording a part given up", lambda: self._write_atomically(
                 join(self.ref(step).path, PARTS, part_name(attempt, rank)),
                 json.dumps(record).encode()), Backoff(0.5, 1.0, 3.0))
         except OSError as exc:
@@ -364,7 +431,7 @@ class CheckpointStore:
         while True:
             # A listing error is retried like any other operation, within what is left of the
             # wait: the parts may all be there (it used to abandon the checkpoint at once).
-            found = with_retries(where, lambda: self.parts(step, attempt),
+            found = self._retry(where, lambda: self.parts(step, attempt),
                                  replace(backoff, until=deadline))
             failed = {r: p["failed"] for r, p in found.items() if "failed" in p}
             if failed:
@@ -394,11 +461,11 @@ class CheckpointStore:
                                             f"{name!r} into the checkpoint at step {step}")
                 files[name] = {**entry, "rank": rank}
         ref = self.ref(step)
-        sequence = with_retries(f"reading the commit order in {self.spec.uri}",
+        sequence = self._retry(f"reading the commit order in {self.spec.uri}",
                                 self._newest_sequence, backoff) + 1
         manifest = {"step": step, "world_size": len(parts), "files": files, "meta": meta,
                     "committed_at": time.time(), "sequence": sequence}
-        with_retries(f"committing {ref.uri}",
+        self._retry(f"committing {ref.uri}",
                      lambda: self._write_atomically(join(ref.path, MANIFEST),
                                                     json.dumps(manifest, indent=1).encode()), backoff)
         self._sequence = sequence

@@ -36,6 +36,7 @@ from orchestrator.ray_internals.train_hooks import (
     interrupted_by_ctrl_c,
     without_unneeded_actors,
 )
+from orchestrator.storage.location import credential_chain_env
 from orchestrator.storage.probe import check_cluster_storage
 from orchestrator.worker.loop import train_loop_per_worker
 from orchestrator.worker.start import WorkerSpec
@@ -232,9 +233,10 @@ def describe_workers(scaling: dict) -> str:
 def worker_env(backend: Backend) -> dict[str, str]:
     """The backend's variables, and the command's directory on the workers' import path, so
     a user's own modules (trainer.fn=mypkg.train:main, trainer.model._target_=...) import
-    there too."""
+    there too; where the AWS credential chain looks, so that each worker reads (and refreshes)
+    the credentials itself (orchestrator/storage/location.py: CHAIN_ENV)."""
     path = [os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {"PYTHONPATH": os.pathsep.join(path), **backend.worker_env}
+    return {"PYTHONPATH": os.pathsep.join(path), **credential_chain_env(), **backend.worker_env}
 
 
 def run_to_end(ray_trainer, winding_down: DeferredInterrupt, resumed: bool,

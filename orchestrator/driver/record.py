@@ -134,6 +134,13 @@ class RunRecord:
                               key=lambda w: w["rank"])
         self._group_of_pid[pid] = self._group
 
+    def restored(self, rank: int, nbytes: int) -> None:
+        """What a worker of the current group fetched of the checkpoint it resumed from: rank 0
+        the whole one (it verifies it), the others what they load."""
+        for worker in self.workers:
+            if worker["rank"] == rank:
+                worker["restored_bytes"] = nbytes
+
     def worker_error(self, error: WorkerError) -> Verdict:
         # One earlier error per worker group that failed alike: ranks of one group often fail
         # together, and a repeat is counted in attempts, not in ranks. A report can arrive

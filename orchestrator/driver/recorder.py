@@ -177,6 +177,11 @@ class RunRecorder:
         self._no_group_since = None
         self._write(force=True)
 
+    def restored(self, rank: int, nbytes: int) -> None:
+        """The bytes of the checkpoint a worker of the current group fetched to load it."""
+        self.record.restored(rank, nbytes)
+        self._write()
+
     def waiting_s(self) -> float | None:
         """Seconds the run has waited for a worker group to start, or None while one runs."""
         since = self._no_group_since

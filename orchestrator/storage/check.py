@@ -8,12 +8,10 @@ from __future__ import annotations
 import pyarrow.fs as pafs
 
 from orchestrator.errors import ConfigError, one_line
-from orchestrator.storage.location import StorageSpec
+from orchestrator.storage.location import StorageSpec, refused_credentials
 
 UNREACHABLE = ("curlCode: 7", "curlCode: 28", "Couldn't connect", "Connection refused",
                 "Timeout was reached", "Could not resolve", "curlCode: 6")
-_REFUSED = ("ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch", "HTTP status 403",
-            "AccessDenied", "Forbidden")
 
 
 def check_storage(spec: StorageSpec) -> bool:
@@ -30,11 +28,12 @@ def check_storage(spec: StorageSpec) -> bool:
         text = spec.credentials.scrub(str(exc)) if spec.credentials else str(exc)
         if any(marker in text for marker in UNREACHABLE):
             raise ConfigError(f"storage.endpoint={spec.endpoint!r}: nothing answers at {where}") from None
-        if any(marker in text for marker in _REFUSED):
+        if refused_credentials(text):
+            source = ("from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" if spec.credentials
+                      else "the AWS credential chain found (profile, its files, web identity)")
             raise ConfigError(
-                f"storage: {where} refuses the credentials from AWS_ACCESS_KEY_ID / "
-                "AWS_SECRET_ACCESS_KEY (wrong key or secret, or no access to bucket "
-                f"{spec.bucket!r})") from None
+                f"storage: {where} refuses the credentials {source} (wrong key or secret, "
+                f"expired, or no access to bucket {spec.bucket!r})") from None
         raise ConfigError(f"storage.uri={spec.uri!r}: {one_line(text)[:200]}") from None
     if info.type == pafs.FileType.NotFound:
         if not spec.create_bucket:

@@ -50,6 +50,31 @@ class Credentials:
     __str__ = __repr__
 
 
+# Where the AWS SDK's credential chain looks (a profile, its files, a web identity), as the
+# driver's environment names it: every worker is given these and reads the credentials on its
+# own node through the same chain, which refreshes them (SSO, an assumed role, a web identity
+# token, an instance profile). Pointers, not secrets: keys themselves are only ever handed over
+# when the environment holds them (Credentials.from_env), fixed values by their nature.
+CHAIN_ENV = ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+             "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME",
+             "AWS_EC2_METADATA_DISABLED")
+# What an S3 server answers to credentials it does not take (wrong, revoked or expired).
+REFUSED = ("ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch", "HTTP status 403",
+           "AccessDenied", "Forbidden", "ExpiredToken", "InvalidToken", "TokenRefreshRequired")
+
+
+def refused_credentials(exc: BaseException) -> bool:
+    return any(marker in str(exc) for marker in REFUSED)
+
+
+def credential_chain_env() -> dict[str, str]:
+    """The chain's pointers to hand to the workers (none when the keys are in the environment:
+    the chain would take those first, and they are handed over as Credentials)."""
+    if Credentials.from_env() is not None:
+        return {}
+    return {name: os.environ[name] for name in CHAIN_ENV if os.environ.get(name)}
+
+
 @dataclass(frozen=True)
 class StorageSpec:
     """What a worker needs to reach the storage."""

@@ -16,6 +16,7 @@ import collections
 import io
 import pathlib
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,19 @@ def read_metadata_file(path: Path) -> Metadata:
 
 
 class DataOnlyReader(dcp.FileSystemReader):
-    """DCP's file reader with the metadata read by ``read_metadata_file``."""
+    """DCP's file reader with the metadata read by ``read_metadata_file``. ``fetch(names)``,
+    if given, is asked for the shard files this rank's plan reads before they are read: at
+    any world size a rank fetches only the shards that hold its part of the state."""
+
+    def __init__(self, path: Path, fetch: Callable[[list[str]], Any] | None = None) -> None:
+        super().__init__(path)
+        self.fetch = fetch
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        if self.fetch is not None:
+            self.fetch(sorted({self.storage_data[item.storage_index].relative_path
+                               for item in plan.items}))
+        return super().read_data(plan, planner)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")  # DCP's name for a rank's own metadata, as its reader has it
@@ -110,13 +123,15 @@ class DataOnlyPlanner(DefaultLoadPlanner):
         super().load_bytes(read_item, clean)
 
 
-def load_sharded(state: dict, folder: Path, **kwargs: Any) -> None:
+def load_sharded(state: dict, folder: Path, fetch: Callable[[list[str]], Any] | None = None,
+                 **kwargs: Any) -> None:
     """``dcp.load`` of ``folder`` into ``state``, reading it as data only; a refusal raises
-    UntrustedCheckpoint (DCP wraps what its reader raises into a CheckpointException)."""
+    UntrustedCheckpoint (DCP wraps what its reader raises into a CheckpointException).
+    ``fetch``: see DataOnlyReader."""
     if (folder / ".metadata").is_file():
         read_metadata_file(folder / ".metadata")  # refused here as itself, with its reason
     try:
-        dcp.load(state, storage_reader=DataOnlyReader(folder), planner=DataOnlyPlanner(),
+        dcp.load(state, storage_reader=DataOnlyReader(folder, fetch), planner=DataOnlyPlanner(),
                  **kwargs)
     except CheckpointException as exc:
         refused = [e for e, _ in exc.failures.values() if isinstance(e, pickle.UnpicklingError)]

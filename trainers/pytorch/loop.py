@@ -91,8 +91,8 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     precision = Precision(tcfg["precision"], device, autocast=not sharded)
     state = TrainingState(module, optimizer, scheduler, precision, ctx.rank, sharded)
     background_saves = sharded and (tcfg.get("fsdp") or {}).get("async_save", True)
-    if (path := ctx.restore()) is not None:
-        state.load(path, device)
+    if (path := ctx.restore(state.files())) is not None:  # only what this rank loads
+        state.load(path, device, ctx.restore)
 
     batch_size = int(tcfg["batch_size"])
     batches = ctx.stream(batch_size) if ctx.streamed else ctx.batches(len(train_set), batch_size)

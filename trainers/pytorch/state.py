@@ -17,6 +17,7 @@ the sharded state with Adam (parameters and both moments), until the files are w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from pathlib import Path
 
@@ -74,9 +75,17 @@ class TrainingState:
         self._writing = dcp.async_save(state, storage_writer=writer, process_group=self._group)
         return self._writing
 
-    def load(self, folder: Path, device: torch.device) -> None:
+    def files(self) -> list[str]:
+        """What ``load`` reads first (ctx.restore's files): DDP's replicated state, or DCP's
+        metadata, from which the shards this rank's part lies in are chosen (``fetch``)."""
+        return ["training_state.pt", *(["dcp/*.metadata"] if self.sharded
+                                       else ["model.pt", "optimizer.pt"])]
+
+    def load(self, folder: Path, device: torch.device,
+             fetch: Callable[[list[str]], object] | None = None) -> None:
+        """``fetch(names)`` (ctx.restore) is asked for the other files the load needs."""
         if self.sharded:
-            self._load_shards(folder)
+            self._load_shards(folder, fetch)
         else:
             self.module.load_state_dict(torch.load(folder / "model.pt", map_location=device,
                                                    weights_only=True))
@@ -89,7 +98,7 @@ class TrainingState:
             if "scaler" in extras:
                 self.precision.scaler.load_state_dict(extras["scaler"])
 
-    def _load_shards(self, folder: Path) -> None:
+    def _load_shards(self, folder: Path, fetch: Callable[[list[str]], object] | None) -> None:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         from trainers.pytorch.dcp_reading import load_sharded
@@ -100,6 +109,7 @@ class TrainingState:
         model, optimizer = get_state_dict(self.module, self.optimizer)
         state = {"model": model, "optimizer": optimizer}
         # This rank's shards, at any world size; read as data only (the folder may be anyone's).
-        load_sharded(state, folder / "dcp")
+        load_sharded(state, folder / "dcp",
+                     fetch and (lambda names: fetch([f"dcp/{name}" for name in names])))
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
