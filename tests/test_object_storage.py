@@ -295,8 +295,9 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
     # part of the state lies in (issue 26, 1), not every rank's shards.
     resumed_from = store.read_manifest(store.ref(10))["files"]
     fetched = {w["rank"]: w.get("restored_bytes") for w in rec["workers"]}
-    print("FETCHED", fetched, {n: e["bytes"] for n, e in resumed_from.items()})
     assert fetched[0] == sum(e["bytes"] for e in resumed_from.values()), (fetched, resumed_from)
+    assert fetched[1] == resumed_from["dcp/.metadata"]["bytes"] + \
+        resumed_from["dcp/__1_0.distcp"]["bytes"], (fetched, resumed_from)
     # The step waited only for the in-memory copy: the upload waited for the files after it.
     assert any(c["write_s"] > 0 for c in rec["checkpoints"]), rec["checkpoints"]
     manifest = store.read_manifest(store.latest())

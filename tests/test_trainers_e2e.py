@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +30,18 @@ def s3(server, prefix: str) -> list[str]:
 
 def s3_env(server) -> dict:
     return {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
+
+
+def profile_env(server, folder: Path) -> dict:
+    """No keys in the environment: a profile in a credentials file instead (what SSO or an
+    assumed role leave), which the driver and every worker read through the AWS chain."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "credentials"
+    path.write_text(f"[ckpt]\naws_access_key_id = {server.access_key}\n"
+                    f"aws_secret_access_key = {server.secret_key}\n")
+    path.chmod(0o600)
+    return {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_PROFILE": "ckpt",
+            "AWS_SHARED_CREDENTIALS_FILE": str(path), "AWS_EC2_METADATA_DISABLED": "true"}
 
 
 def final_files(server, uri: str) -> dict[str, bytes]:
@@ -107,9 +120,10 @@ def test_boosting_resumes_from_s3_at_its_round_and_matches_one_uninterrupted_run
     assert rec["checkpoints"][-1]["uri"] == f"s3://ckpt-tests/boost-{trainer}/split/step_000000020"
     assert all(c["bytes"] > 0 and c["upload_s"] > 0 for c in rec["checkpoints"])
 
-    # The same run asked for 50 rounds reads round 20 back from S3 and continues from there.
+    # The same run asked for 50 rounds reads round 20 back from S3 and continues from there,
+    # its credentials from a profile: the workers read and write S3 through the AWS chain.
     resumed = run_cli(tmp_path / "a2", *common, "run.name=split", "trainer.num_boost_round=50",
-                      env=env)
+                      env=profile_env(s3_server, tmp_path / "aws"))
     rec = assert_succeeded(resumed, trainer)
     assert rec["resumed_from_step"] == 20 and rec["world_sizes"][0]["step"] == 20
     assert rec["steps"] == 50 and rec["checkpoints"][0]["step"] == 25

@@ -83,7 +83,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         params.update(ray.train.lightgbm.get_network_params(), tree_learner="data_parallel",
                       pre_partition=True)
     booster = None
-    if (path := ctx.restore()) is not None:
+    if (path := ctx.restore(["model.txt"])) is not None:
         booster = lgb.Booster(model_file=str(path / "model.txt"))
     ctx.total_steps = int(tcfg["num_boost_round"])
 

@@ -51,7 +51,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         else:
             optimizer = tf.keras.optimizers.Adam(tcfg["lr"])
         optimizer.build(model.trainable_variables)
-    if (path := ctx.restore()) is not None:
+    if (path := ctx.restore(["model.npz", "optimizer.npz"])) is not None:
         model.set_weights(load_arrays(path / "model.npz"))
         for variable, value in zip(optimizer_variables(optimizer),
                                    load_arrays(path / "optimizer.npz"), strict=True):

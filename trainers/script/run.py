@@ -87,7 +87,9 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
     if ctx.local_rank == 0:
         remove_earlier_attempts(root.parent, ctx.run_name)
         work, ckpt = make_node_folder(root, Path(trainer["workdir"]), patterns)
-        restored = ctx.restore()
+        restored = ctx.restore([f"node_{ctx.node_rank}/*"])  # this node's files only
+        if restored is not None and not (restored / f"node_{ctx.node_rank}").is_dir():
+            restored = ctx.restore(["node_0/*"])  # a snapshot rank 0 wrote is every node's
         if restored is not None:
             restore_files(restored, ctx.node_rank, work, ckpt)
         watcher = CheckpointWatcher(work, ckpt, patterns, root / "pending")

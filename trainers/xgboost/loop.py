@@ -151,7 +151,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         dtrain, samples, classes, evaluate = in_memory_data(ctx)
         params = booster_params(tcfg, classes, ctx.seed) | {"nthread": threads}
     booster = None
-    if (path := ctx.restore()) is not None:
+    if (path := ctx.restore(["model.ubj"])) is not None:
         booster = xgb.Booster(params=params, model_file=str(path / "model.ubj"))
     ctx.total_steps = int(tcfg["num_boost_round"])
     if ctx.start_step < ctx.total_steps:
