@@ -48,7 +48,7 @@ class OneRank:
     def dataset(self):
         return self.data
 
-    def restore(self):
+    def restore(self, files=None):
         return None
 
     def step_done(self, step, metrics=None, samples=0):
