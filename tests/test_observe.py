@@ -281,7 +281,8 @@ ray.init(address=os.environ["HEAD"], log_to_driver=False)
 class A:
     def f(self):
         return 7
-print(ray.get(A.remote().f.remote(), timeout=60))
+a = A.remote()  # held: an actor whose last handle goes before it starts is cancelled
+print(ray.get(a.f.remote(), timeout=60))
 """
 
 
