@@ -193,6 +193,7 @@ class WorkerContext:
         self._announced = False
         self._restored: Path | None = start.path
         self._restored_bytes = 0  # fetched by restore() (rank 0: its verified copy)
+        self._sums_asked = 0  # sum_over_ranks calls: every rank counts the same
         self._policy = CheckpointPolicy(spec.checkpoint.every_steps, spec.checkpoint.every_seconds)
         self._checks = PreemptionChecks(spec.preemption_check_s, start.step, now)
         self._reports = StepReports(spec.recorder) if rank == 0 else None
@@ -331,6 +332,22 @@ class WorkerContext:
     def max_restarts(self) -> int:
         """failure.max_restarts: how many restarts after a failure the run allows."""
         return self._spec.max_restarts
+
+    def sum_over_ranks(self, values: Iterable[float]) -> np.ndarray:
+        """The element-wise sum of a small array over all ranks (held-out metric sums of each
+        rank's own rows), the same on every rank; every rank calls it at the same point. Added
+        up in rank order by the run's recorder, so the sum does not depend on arrival order."""
+        import ray
+
+        values = np.asarray(values, dtype=np.float64)
+        if self.world_size == 1:
+            return values
+        self._sums_asked += 1
+        key = f"{self._start.attempt}/{self._sums_asked}"
+        recorder = self._spec.recorder
+        ray.get(recorder.contribute.remote(key, self.rank, values))
+        self._collective.broadcast(None)  # every rank's part is in
+        return np.asarray(ray.get(recorder.added_up.remote(key, self.world_size)))
 
     def groups_before(self) -> int:
         """How many worker groups of this run started before this one (restarts, resizes

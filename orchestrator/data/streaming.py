@@ -23,7 +23,8 @@ from orchestrator.data.stream_reader import Decoding, EvalShare, GroupReader, Ra
 from orchestrator.errors import ConfigError
 from orchestrator.storage.location import StorageSpec
 
-SAMPLE_GROUPS = 4  # row groups read on the driver for the feature scaling
+SAMPLE_GROUPS = 4  # row groups read on the driver for the feature scaling and the bins
+MAX_BINS = 255  # histogram bins a feature gets from the sample's quantiles (boosting)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class StreamPlan:
     eval_data: StorageSpec | None
     seed: int
     test_fraction: float
+    # Per feature, the upper bounds of its histogram bins, from the quantiles of the sample
+    # (unscaled): the same for every worker and world size (LightGBM's forced bins).
+    bin_bounds: tuple[tuple[float, ...], ...] = ()
 
     def order(self, global_batch: int) -> StreamOrder:
         return StreamOrder(self.manifest, self.seed, global_batch, self.shards, self.window,
@@ -94,6 +98,11 @@ class DataShare:
     def rows(self) -> int:
         return sum(self.order.train_rows[g] for g in self.groups)
 
+    @property
+    def bin_bounds(self) -> tuple[tuple[float, ...], ...]:
+        """Per feature, histogram bin upper bounds decided on the driver (StreamPlan)."""
+        return self.plan.bin_bounds
+
     def train_chunks(self):
         """(x, y) of each of this rank's row groups' training rows."""
         for g in self.groups:
@@ -126,7 +135,8 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
     if trainer is not None:  # decided before any footer is read
         if cfg.stream == "true":
             raise ConfigError(f"data.stream=true: trainer={trainer} reads its data whole; "
-                              "streamed data is for trainer=ddp, fsdp and xgboost")
+                              "streamed data is for training functions that read it through "
+                              "ctx.stream() or ctx.share() (ddp, fsdp, mwms, xgboost, lightgbm)")
         return None
     data = storage.sibling(cfg.path)
     fs, path = data.filesystem()
@@ -150,9 +160,9 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
                 f"data.path={cfg.path!r} changed since the checkpoint this run resumes from "
                 f"({change}): its order and split would differ; set data.on_change=continue to "
                 "go on with the data as it is now, or start a new run (run.name)")
-    decoding = decide_decoding(fs, manifest, cfg, seed, task)
+    decoding, bounds = decide_decoding(fs, manifest, cfg, seed, task)
     return StreamPlan(manifest, eval_manifest, decoding, shards, cfg.window, data, eval_data, seed,
-                      cfg.test_fraction)
+                      cfg.test_fraction, bounds)
 
 
 def check_shards(cfg: DataConfig, shards: int, workers: int, groups: int,
@@ -170,9 +180,10 @@ def check_shards(cfg: DataConfig, shards: int, workers: int, groups: int,
                           f"virtual shards ({source}): each gives the global batch a row or more")
 
 
-def decide_decoding(fs, manifest: Manifest, cfg: DataConfig, seed: int, task: str) -> Decoding:
+def decide_decoding(fs, manifest: Manifest, cfg: DataConfig, seed: int, task: str,
+                    ) -> tuple[Decoding, tuple[tuple[float, ...], ...]]:
     """Label classes from the label column (one column, all row groups); feature scaling
-    from the training rows of a few row groups spread over the data."""
+    and histogram bins from the training rows of a few row groups spread over the data."""
     classes = None
     if task != "regression":
         found = []
@@ -195,5 +206,14 @@ def decide_decoding(fs, manifest: Manifest, cfg: DataConfig, seed: int, task: st
     x = np.concatenate(sample)
     mean, std = x.mean(0), x.std(0)
     std = np.where(std < 1e-6, 1.0, std).astype(np.float32)
-    return Decoding(manifest.features, manifest.label, classes, mean.astype(np.float32), std)
+    return (Decoding(manifest.features, manifest.label, classes, mean.astype(np.float32), std),
+            bin_bounds(x))
+
+
+def bin_bounds(x: np.ndarray, bins: int = MAX_BINS) -> tuple[tuple[float, ...], ...]:
+    """Each column's bin upper bounds: its distinct quantiles, the largest value left out
+    (the last bin is open)."""
+    cuts = np.linspace(0, 1, bins + 1)[1:-1]
+    return tuple(tuple(float(v) for v in np.unique(np.quantile(column[np.isfinite(column)], cuts)))
+                 if np.isfinite(column).any() else () for column in x.T)
 

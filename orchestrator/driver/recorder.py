@@ -43,6 +43,7 @@ class RunRecorder:
         self._failed_ranks: set[int] = set()  # this group's failures already told
         self._checkpoints_untold = 0
         self._checkpoint_told_at = float("-inf")
+        self._sums: dict[str, list] = {}  # sum_over_ranks: key -> [{rank: part}, ranks asked]
         self.curves = None
         if tensorboard_dir:
             from orchestrator.observe.curves import Curves
@@ -168,6 +169,20 @@ class RunRecorder:
             f.writelines(line + "\n" for line in lines)
         if rank == 0:
             self.notices.extend(("INFO", f"[rank0] {line}") for line in lines)
+
+    def contribute(self, key: str, rank: int, values) -> None:
+        """A rank's part of a sum over the ranks (WorkerContext.sum_over_ranks)."""
+        self._sums.setdefault(key, [{}, 0])[0][rank] = values
+
+    def added_up(self, key: str, world_size: int):
+        """The parts of ``key`` added in rank order; forgotten once every rank has asked."""
+        parts, asked = self._sums[key]
+        total = sum((parts[r] for r in sorted(parts)), start=0.0)
+        if asked + 1 == world_size:
+            del self._sums[key]
+        else:
+            self._sums[key][1] = asked + 1
+        return total
 
     def groups_started(self) -> int:
         return len(self.record.world_sizes)

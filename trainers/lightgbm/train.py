@@ -20,7 +20,7 @@ def check_config(cfg: dict) -> list[str] | None:
     return check(cfg)
 
 
-@training_function(config=LightGBMConfig, check=check_config, step_unit="round")
+@training_function(config=LightGBMConfig, check=check_config, step_unit="round", streams=True)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     from trainers.lightgbm.loop import main as loop
 

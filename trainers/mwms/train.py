@@ -31,7 +31,60 @@ def load_arrays(path) -> list[np.ndarray]:
         return [npz[f"arr_{i}"] for i in range(len(npz.files))]
 
 
-@training_function(config=MWMSConfig, check=check_model_target)
+class InMemory:
+    """The dataset held whole (ctx.dataset()): this rank's rows of each global batch, and
+    held-out metrics over every test row (every rank has them all)."""
+
+    def __init__(self, ctx: WorkerContext, batch_size: int):
+        data = ctx.dataset()
+        self.num_features, self.num_classes = data.num_features, data.num_classes
+        self.x_train, self.x_test = standardize(data.x_train, data.x_test)
+        self.y_train, self.y_test = data.y_train, data.y_test
+        self.batches = ctx.batches(len(self.y_train), batch_size)
+
+    def steps(self, start: int, total: int):
+        for step in range(start, total):
+            rows = self.batches.rows(step)
+            yield self.x_train[rows], self.y_train[rows]
+
+    def test_sums(self, predict) -> np.ndarray:
+        return held_out_sums(predict(self.x_test), self.y_test)
+
+    def add_up(self, sums: np.ndarray) -> np.ndarray:
+        return sums
+
+
+class Streamed:
+    """Streamed parquet (ctx.stream()): this rank reads only its share of the row groups, the
+    global batch is the same at any world size, and held-out metrics add up every rank's own
+    test rows (an all-reduce through the strategy)."""
+
+    def __init__(self, ctx: WorkerContext, cfg: dict, batch_size: int, add_up):
+        self.num_features, self.num_classes = int(cfg["data"]["features"]), int(cfg["data"]["outputs"])
+        self.batches = ctx.stream(batch_size)
+        self.eval_batch, self.add_up = batch_size, add_up
+
+    def steps(self, start: int, total: int):
+        for _, x, y in self.batches.read(start, total):
+            yield x, y
+
+    def test_sums(self, predict) -> np.ndarray:
+        sums = np.zeros(3)
+        for x, y, weight in self.batches.eval_batches(self.eval_batch):
+            sums += weight * held_out_sums(predict(x), y)  # padding batches weigh 0
+        return sums
+
+
+def held_out_sums(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(correct, summed loss, rows) of some held-out rows: sums add up over the ranks."""
+    shifted = logits - logits.max(1, keepdims=True)
+    log_proba = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+    y = np.asarray(y, dtype=np.int64)
+    return np.array([float((logits.argmax(1) == y).sum()),
+                     float(-log_proba[np.arange(len(y)), y].sum()), float(len(y))])
+
+
+@training_function(config=MWMSConfig, check=check_model_target, streams=True)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     # Imported here, not with the module: the driver checks this function's config without
     # TensorFlow's seconds of start-up and its lines on stderr.
@@ -40,8 +93,18 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     import trainers.mwms  # noqa: F401  (tf-keras before tensorflow)
 
     tcfg = cfg["trainer"]
-    data = ctx.dataset()
+    batch_size = int(tcfg["batch_size"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    @tf.function
+    def all_reduce(sums):
+        per_replica = strategy.run(tf.identity, args=(sums,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    def add_up(sums: np.ndarray) -> np.ndarray:  # every rank calls it, at the same steps
+        return all_reduce(tf.constant(sums)).numpy()
+
+    data = Streamed(ctx, cfg, batch_size, add_up) if ctx.streamed else InMemory(ctx, batch_size)
     tf.keras.utils.set_random_seed(ctx.seed)  # the same initial weights everywhere
     with strategy.scope():
         model = instantiate(dict(tcfg["model"]), in_features=data.num_features,
@@ -56,11 +119,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         for variable, value in zip(optimizer_variables(optimizer),
                                    load_arrays(path / "optimizer.npz"), strict=True):
             variable.assign(value)
-    x_train, x_test = standardize(data.x_train, data.x_test)
-    y_train, y_test = data.y_train, data.y_test
-    batch_size = int(tcfg["batch_size"])
-    batches = ctx.batches(len(y_train), batch_size)
-    ctx.total_steps = total_steps(tcfg, batches.steps_per_epoch)
+    ctx.total_steps = total_steps(tcfg, data.batches.steps_per_epoch)
 
     def replica_step(x, y):
         with tf.GradientTape() as tape:
@@ -83,15 +142,13 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
                         [v.numpy() for v in optimizer_variables(optimizer)])
 
     def evaluate() -> dict[str, float]:
-        logits = model(x_test, training=False).numpy()
-        shifted = logits - logits.max(1, keepdims=True)
-        log_proba = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
-        return {"test_accuracy": float((logits.argmax(1) == y_test).mean()),
-                "test_loss": float(-log_proba[np.arange(len(y_test)), y_test].mean())}
+        correct, loss, rows = data.add_up(data.test_sums(
+            lambda x: model(x, training=False).numpy()))
+        return {"test_accuracy": correct / max(rows, 1), "test_loss": loss / max(rows, 1)}
 
-    for step in range(ctx.start_step, ctx.total_steps):
-        rows = batches.rows(step)
-        loss_sum = train_step(tf.constant(x_train[rows]), tf.constant(y_train[rows]))
+    steps = data.steps(ctx.start_step, ctx.total_steps)
+    for step, (x, y) in zip(range(ctx.start_step, ctx.total_steps), steps, strict=True):
+        loss_sum = train_step(tf.constant(x), tf.constant(y))
         ctx.step_done(step + 1, {"loss": float(loss_sum) / batch_size}, samples=batch_size)
         if ctx.should_evaluate(step + 1):
             ctx.eval_done(step + 1, evaluate())
