@@ -14,6 +14,7 @@ Benchmarks (scripts/benchmarks/*.py; baselines in scripts/baselines/, each runna
                   (--fsdp-layers 16: ~202M)
   fsdp_checkpoint a ~1.2 GiB sharded checkpoint to S3: async vs sync blocking, upload rate, memory
   data_scale      parquet of ~1 and ~8 GiB streamed by 2 workers: peak RSS, bytes read, samples/s
+  shuffle_window  streamed digits (a window shuffle) vs held in memory (a full shuffle): accuracy
   script_vs_torchrun  a user's torchrun script under trainer=script vs plain torchrun: wall
                   time, the same final weights
 
@@ -42,7 +43,7 @@ from scripts.benchmarks.common import loadavg, progress  # noqa: E402
 from scripts.benchmarks.report import markdown  # noqa: E402
 
 BENCHMARKS = ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory", "lm_throughput",
-              "fsdp_memory", "fsdp_checkpoint", "data_scale", "script_vs_torchrun")
+              "fsdp_memory", "fsdp_checkpoint", "data_scale", "shuffle_window", "script_vs_torchrun")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -85,7 +86,14 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--data-steps", type=int, default=3000,
                    help="steps of the runs compared for samples/s (--repeats pairs)")
     g.add_argument("--data-batch", type=int, default=1024)
+    g.add_argument("--data-parts", default="torch,boosting",
+                   help="data_scale's legs: torch (the PyTorch trainer), boosting")
+    g.add_argument("--data-boosters", default="xgboost,xgboost_external,lightgbm",
+                   help="data_scale's boosting legs on the largest dataset")
+    g.add_argument("--data-boost-rounds", type=int, default=5)
     g.add_argument("--script-epochs", type=int, default=20, help="script_vs_torchrun's epochs")
+    g.add_argument("--shuffle-window", type=int, default=1, help="shuffle_window's data.window")
+    g.add_argument("--shuffle-seeds", type=int, default=3, help="shuffle_window's seeds")
     return p
 
 
@@ -103,6 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     args.fixed_variants = [v for v in args.fixed_variants.split(",") if v]
     args.boost_frameworks = [f for f in args.boost_frameworks.split(",") if f]
+    args.data_parts = [p for p in args.data_parts.split(",") if p]
+    args.data_boosters = [b for b in args.data_boosters.split(",") if b]
     names = BENCHMARKS if args.name == "all" else (args.name,)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="bench-")).resolve()
     doc = {"command": "python scripts/bench.py " + " ".join(argv or sys.argv[1:]),

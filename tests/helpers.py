@@ -113,3 +113,52 @@ def assert_planted_one_refused(store: CheckpointStore, tmp_path: Path, name: str
     assert ref.step == 10 and files == {"a": b"good"}
     assert not (tmp_path / "outside").exists()
     assert len(skipped) == 1 and step_dir(20) in skipped[0] and repr(name) in skipped[0], skipped
+
+
+def digits_parquet(folder: Path) -> Path:
+    """The bundled digits as parquet: 1,797 rows in 6 files of 3 row groups; column 'id'
+    first (a feature tests/user_project/mypkg/ids.py's LoggingTabular logs)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from orchestrator.data.datasets import digits
+
+    x, y = digits()
+    folder.mkdir()
+    for f, rows in enumerate(np.array_split(np.arange(len(y)), 6)):
+        table = pa.table({"id": rows.astype(np.float32),
+                          **{f"p{i}": x[rows, i].astype(np.float32) for i in range(64)},
+                          "label": y[rows]})
+        pq.write_table(table, folder / f"digits-{f}.parquet", row_group_size=100)
+    return folder
+
+
+def rows_per_step(log_dir: Path, record: dict) -> dict[int, list[float]]:
+    """Each step's rows (their logged id feature) over all ranks, from LoggingTabular's lines:
+    one forward a step; a rank's lines come in attempts (a pid and a world size each), each
+    the next worker group of run.json's world_sizes of that size (a group that died before
+    its first step logged nothing). A group replaces what earlier ones logged from its start
+    step on (steps lost to a failure are trained again)."""
+    groups = record["world_sizes"]
+    attempts: dict[tuple[int, int], list] = {}  # (group, rank) -> the ids of each step
+    for path in sorted(log_dir.glob("rank*.jsonl")):
+        rank, g, last = int(path.stem[4:]), -1, None
+        for line in path.read_text().splitlines():
+            try:
+                pid, size, ids = json.loads(line)
+            except ValueError:  # the last line of a worker killed mid-write
+                continue
+            if pid != last:  # this rank's next attempt: the next group of its size
+                g = next(i for i in range(g + 1, len(groups)) if groups[i]["size"] == size)
+                last = pid
+            attempts.setdefault((g, rank), []).append(ids)
+    seen: dict[int, dict[int, list[float]]] = {}
+    for g, group in enumerate(groups):
+        for step in [s for s in seen if s >= group["step"]]:
+            del seen[step]
+        for (at, rank), lines in attempts.items():
+            if at == g:
+                for i, ids in enumerate(lines):
+                    seen.setdefault(group["step"] + i, {})[rank] = ids
+    return {step: sorted(x for ids in ranks.values() for x in ids) for step, ranks in seen.items()}

@@ -15,13 +15,16 @@ from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage.location import StorageSpec
 from scripts.local_cluster import node_of, stop_nodes
 from tests.conftest import (
+    REPO,
     add_node,
     read_record,
     start_head,
     start_run,
     stop_cluster,
+    user_project,
     wait_for,
 )
+from tests.helpers import digits_parquet, rows_per_step
 
 pytestmark = pytest.mark.slow
 
@@ -63,12 +66,12 @@ def kill_node_of(rec: dict, nodes: list):
     return victim
 
 
-def reference(ray_head, run_dir, *overrides: str):
+def reference(ray_head, run_dir, *overrides: str, cwd=REPO):
     """The same job at a fixed size of 2, on the session's one-node cluster: it runs while the
     elastic one is put through its faults. Any fixed size is a reference (the global batch
     does not depend on it); 2 starts half the processes of 4."""
     return start_run(run_dir, f"cluster.address={ray_head.address}", *overrides,
-                     "run.name=fixed", "cluster.workers=2")
+                     "run.name=fixed", "cluster.workers=2", cwd=cwd)
 
 
 def finished(proc, run_dir) -> dict:
@@ -81,26 +84,35 @@ def finished(proc, run_dir) -> dict:
 
 def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node_cluster, ray_head,
                                                                         tmp_path):
-    """FSDP: the state sharded 4 ways is resharded 2 ways from the newest checkpoint (DCP),
-    then 4 ways again; the global batch, hence the result, does not depend on the sizes."""
+    """FSDP on streamed parquet (each worker reads only its share of the row groups): the
+    state sharded 4 ways is resharded 2 ways from the newest checkpoint (DCP), then 4 ways
+    again; every step trains on the same rows as the fixed-size run's (the ids the model
+    logs), so the result does not depend on the sizes."""
     head, tmp, nodes = two_node_cluster
     nodes_up(head, tmp, nodes)
-    gate = tmp_path / "gate"
+    gate, project = tmp_path / "gate", user_project(tmp_path)
+    data = digits_parquet(tmp_path / "data")
+    (tmp_path / "ids-elastic").mkdir()
+    (tmp_path / "ids-fixed").mkdir()
     job = ["trainer=fsdp", "trainer.epochs=100", "trainer.max_steps=600",
+           "data=parquet", f"data.path={data}", "data.stream=true", "data.shards=4",
+           "trainer.model._target_=mypkg.ids.LoggingTabular", "~trainer.model.hidden",
            "checkpoint.every_steps=100", "checkpoint.keep=0", f"storage.uri={tmp_path / 'ckpt'}"]
     common = [f"cluster.address={head.address}", "cluster.workers=4", "cluster.cpus_per_worker=1",
               *job, *SHORT_WAIT]
     gate.write_text("hold")
     proc = start_run(tmp_path / "elastic", *common, "cluster.min_workers=2",
                      "cluster.resize_check_s=2", "run.name=elastic",
+                     f"+trainer.model.log_dir={tmp_path / 'ids-elastic'}",
                      "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
-                     "+trainer.hold_at=500")
+                     "+trainer.hold_at=500", cwd=project, env={"PYTHONPATH": str(REPO)})
     try:
         wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 4,
                  tmp_path / "elastic")  # a 4-way sharded checkpoint to shrink from
         # The reference starts once the elastic job runs (on a 2-core machine, starting both at
         # once only delays the job the test waits on).
-        fixed = reference(ray_head, tmp_path / "fixed", *job, "cluster.cpus_per_worker=0.5")
+        fixed = reference(ray_head, tmp_path / "fixed", *job, "cluster.cpus_per_worker=0.5",
+                          f"+trainer.model.log_dir={tmp_path / 'ids-fixed'}", cwd=project)
         kill_node_of(read_record(tmp_path / "elastic"), nodes)
         # Shrunk, and a checkpoint of the 2-way sharded state committed (it holds at 500).
         wait_for(lambda r: [w["size"] for w in r.get("world_sizes", [])][-1:] == [2] and
@@ -121,9 +133,14 @@ def test_losing_a_node_shrinks_a_sharded_job_and_new_room_grows_it_back(two_node
     assert shrunk >= 100 and store.read_manifest(store.ref(shrunk))["world_size"] == 4
     assert grown > shrunk and store.read_manifest(store.ref(grown))["world_size"] == 2
 
-    # The same job at a fixed size of 2: the global batch and data order did not change with
-    # the world size, so the result is the same within 1%.
-    a, b = rec["metrics"]["test_accuracy"], finished(fixed, tmp_path / "fixed")["metrics"]["test_accuracy"]
+    # The same job at a fixed size of 2: the same rows at every step, whatever the sizes the
+    # elastic one ran at, so the result is the same within 1%.
+    reference_rec = finished(fixed, tmp_path / "fixed")
+    rows = rows_per_step(tmp_path / "ids-elastic", rec)
+    assert sorted(rows) == list(range(600)) and rows == rows_per_step(tmp_path / "ids-fixed",
+                                                                       reference_rec)
+    assert rec["data"]["streamed"] and rec["data"]["shards"] == 4
+    a, b = rec["metrics"]["test_accuracy"], reference_rec["metrics"]["test_accuracy"]
     assert abs(a - b) <= 0.01, (a, b)
 
 

@@ -6,34 +6,17 @@ that changed since is refused."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
-from orchestrator.data.datasets import digits
 from tests.conftest import REPO, finish_run, run_cli, start_run, user_project, wait_for
-from tests.helpers import model_at
+from tests.helpers import digits_parquet, model_at, rows_per_step
 
 pytestmark = pytest.mark.slow
 BATCH, STEPS, SHARDS = 32, 120, 4
-
-
-def digits_parquet(folder):
-    """1,797 rows in 6 files of 3 row groups; column 'id' first (a feature the model logs)."""
-    x, y = digits()
-    folder.mkdir()
-    for f, rows in enumerate(np.array_split(np.arange(len(y)), 6)):
-        table = pa.table({"id": rows.astype(np.float32),
-                          **{f"p{i}": x[rows, i].astype(np.float32) for i in range(64)},
-                          "label": y[rows]})
-        pq.write_table(table, folder / f"digits-{f}.parquet", row_group_size=100)
-    return folder
 
 
 def job(data, log_dir, storage, workers, cpus) -> list[str]:
@@ -44,24 +27,6 @@ def job(data, log_dir, storage, workers, cpus) -> list[str]:
             f"trainer.batch_size={BATCH}", "trainer.epochs=100", f"trainer.max_steps={STEPS}",
             "checkpoint.every_steps=30", "checkpoint.keep=0", f"storage.uri={storage}",
             f"cluster.workers={workers}", f"cluster.cpus_per_worker={cpus}"]
-
-
-def rows_per_step(log_dir, record: dict) -> dict[int, list[float]]:
-    """Each step's rows (their logged id feature) over all ranks: one forward a step; a rank's
-    lines come in attempts (a pid each) starting at the steps the record says."""
-    starts = [w["step"] for w in record["world_sizes"]]
-    seen: dict[int, dict[int, list[float]]] = {}
-    for path in sorted(log_dir.glob("rank*.jsonl")):
-        attempts, last = [], None
-        for pid, ids in map(json.loads, path.read_text().splitlines()):
-            if pid != last:
-                attempts.append([])
-                last = pid
-            attempts[-1].append(ids)
-        for start, lines in zip(starts, attempts, strict=False):
-            for i, ids in enumerate(lines):
-                seen.setdefault(start + i, {})[int(path.stem[4:])] = ids
-    return {step: sorted(x for ids in ranks.values() for x in ids) for step, ranks in seen.items()}
 
 
 def test_streamed_rows_are_the_same_at_any_size_and_a_killed_rank_resumes_bit_for_bit(

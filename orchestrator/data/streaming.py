@@ -103,12 +103,16 @@ class DataShare:
         """Per feature, histogram bin upper bounds decided on the driver (StreamPlan)."""
         return self.plan.bin_bounds
 
+    def train_rows(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y) of row group ``g``'s training rows."""
+        x, y = self.reader.read(g)
+        keep = self.order.train_mask(g)
+        return x[keep], y[keep]
+
     def train_chunks(self):
         """(x, y) of each of this rank's row groups' training rows."""
         for g in self.groups:
-            x, y = self.reader.read(g)
-            keep = self.order.train_mask(g)
-            yield x[keep], y[keep]
+            yield self.train_rows(g)
 
     def test_chunks(self, rows: int = 65536):
         """(x, y) of this rank's held-out rows, in chunks of up to ``rows``."""

@@ -118,9 +118,29 @@ def bins_reference(bounds) -> lgb.Dataset:
     return reference.construct()
 
 
+class GroupRows(lgb.Sequence):
+    """One row group's training rows of a rank's share, read when LightGBM asks for them (in
+    one batch); their labels kept as they go by."""
+
+    def __init__(self, share, g: int):
+        self.share, self.g = share, g
+        self.rows = int(share.order.train_rows[g])
+        self.batch_size = max(1, self.rows)  # one read for the group (a step of 0 is no range)
+        self.labels = np.zeros(0)
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, idx):
+        x, y = self.share.train_rows(self.g)
+        self.labels = y
+        return x[idx]
+
+
 class Streamed:
-    """Streamed parquet (ctx.share()): this rank holds only its own row groups' training rows;
-    the histogram bins are the driver's (bins_reference, the same at any world size); held-out
+    """Streamed parquet (ctx.share()): this rank reads only its own row groups, one at a time,
+    into LightGBM's binned dataset; the bins are the driver's (bins_reference, the same at any
+    world size); held-out
     metrics add up every rank's sums over its own test rows."""
 
     def __init__(self, ctx: WorkerContext):
@@ -128,11 +148,15 @@ class Streamed:
         self.num_classes, self.samples = self.share.num_classes, self.share.rows
 
     def train_set(self, params: dict) -> lgb.Dataset:
+        """Binned a row group at a time: LightGBM reads each group when it pushes its rows (it
+        samples none, the bins being the reference's), so the share is never held as floats."""
         # Its parameters are the training's, its bins the reference's: by design, not news.
         warnings.filterwarnings("ignore", "Overriding the parameters from Reference Dataset")
-        chunks = list(self.share.train_chunks())
-        return lgb.Dataset([x for x, _ in chunks], label=np.concatenate([y for _, y in chunks]),
-                           reference=bins_reference(self.share.bin_bounds))
+        groups = [GroupRows(self.share, g) for g in self.share.groups]
+        train_set = lgb.Dataset(groups, params=params,
+                                reference=bins_reference(self.share.bin_bounds)).construct()
+        train_set.set_label(np.concatenate([group.labels for group in groups]))
+        return train_set
 
     def metrics(self, model: lgb.Booster) -> dict[str, float]:
         sums = sum((metric_sums(np.asarray(model.predict(x)), y, self.num_classes)

@@ -54,8 +54,8 @@ class LoggingMLP(nn.Module):
 
 class LoggingTabular(nn.Module):
     """An MLP over tabular rows (data=parquet) that logs, for each training forward on a
-    worker, its rows' first feature: the data's row-id column, scaled (the same value for the
-    same row in every run of the same data)."""
+    worker, its pid, the world size and its rows' first feature: the data's row-id column,
+    scaled (the same value for the same row in every run of the same data)."""
 
     def __init__(self, in_features: int, out_features: int, log_dir: str, width: int = 32):
         super().__init__()
@@ -65,7 +65,8 @@ class LoggingTabular(nn.Module):
 
     def forward(self, x):
         if self.training and dist.is_initialized():
-            line = json.dumps([os.getpid(), [round(v, 4) for v in x[:, 0].tolist()]])
+            line = json.dumps([os.getpid(), dist.get_world_size(),
+                               [round(v, 4) for v in x[:, 0].tolist()]])
             with open(self.log_dir / f"rank{dist.get_rank()}.jsonl", "a") as f:
                 f.write(line + "\n")
         return self.net(x)
