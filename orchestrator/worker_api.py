@@ -487,10 +487,15 @@ class WorkerContext:
         step = self._last_saved
         if self.rank != 0 or step <= self.start_step:
             return None
-        if step in self._committer.committed_steps or self._store.is_committed(step):
+        if step in self._committer.committed_steps:
             return None
-        return (f"the checkpoint at step {step} was not committed: "
-                f"{self._uncommitted.get(step, 'its upload did not finish')}")
+        why = self._uncommitted.get(step, "its upload did not finish")
+        try:  # committed by an earlier attempt? (asked of a store that may be what failed)
+            if self._store.is_committed(step):
+                return None
+        except OSError as exc:
+            why = self._uncommitted.get(step, one_line(exc)[:300])
+        return f"the checkpoint at step {step} was not committed: {why}"
 
     def _flush(self) -> None:
         """Wait for the uploads handed over so far (rank 0: until they are committed)."""

@@ -3,6 +3,7 @@ outage, bad input, secrets, and a round trip through every trainer on real Ray."
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 import time
@@ -233,6 +234,40 @@ def test_cli_malformed_uri(bad_s3_input, uri):
 
 # -- the training functions on real Ray, checkpointing to S3 (the built-in trainers: see
 # tests/test_trainers_e2e.py) ----------------------------------------------------------------
+
+def test_a_final_checkpoint_lost_to_an_outage_fails_the_run_at_once(
+        ray_head, s3_server, bucket, tmp_path):
+    """Issue 26, 5, with a real fault: the object store goes down before the run's last steps;
+    training ends, and its final checkpoint cannot be committed within checkpoint.upload_retry_s:
+    the run exits 1 naming it, never 'succeeded' over a lost checkpoint, and at once (a restart
+    would train the lost steps again only to meet the same store). The newest committed
+    checkpoint is the one the same command resumes from."""
+    from tests.conftest import read_record, start_run, wait_for
+
+    gate = tmp_path / "gate"
+    gate.write_text("hold")
+    proc = start_run(tmp_path / "lost", f"cluster.address={ray_head.address}", "storage=s3",
+                     "storage.uri=s3://ckpt-tests/lost-final", f"storage.endpoint={s3_server.endpoint}",
+                     "run.name=lost", "trainer.max_steps=60", "checkpoint.every_steps=20",
+                     "checkpoint.upload_retry_s=3", "cluster.cpus_per_worker=0.5",
+                     "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
+                     "+trainer.hold_at=50", env=s3_env(s3_server))
+    try:  # held at step 50 once step 40 is committed: then the store goes down
+        wait_for(lambda r: 40 in [c["step"] for c in r.get("checkpoints", [])], tmp_path / "lost")
+        s3_server.stop(kill=True)
+        gate.unlink()
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        gate.unlink(missing_ok=True)
+        s3_server.restart()
+    rec = read_record(tmp_path / "lost")
+    assert proc.returncode == 1, out[-4000:]
+    assert rec["status"] == "failed" and rec["restarts"] == 0 and rec["steps"] == 60, rec
+    assert "the checkpoint at step 60 was not committed" in out, out[-4000:]
+    assert "CheckpointNotCommitted is not retried" in json.dumps(rec), rec.get("failures")
+    store = CheckpointStore(spec_for(s3_server, "lost-final/lost"))
+    assert store.latest().step == 40  # where the same command goes on from
+
 
 def sharded_state(store: CheckpointStore, tmp_path, name: str) -> dict:
     """The newest checkpoint's FSDP shards (model and optimizer), downloaded and joined by

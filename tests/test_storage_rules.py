@@ -20,7 +20,7 @@ from orchestrator.storage.probe import (
     probe_path,
     reads_back,
 )
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, free_port, run_cli
 from tests.helpers import assert_input_error
 
 
@@ -109,3 +109,19 @@ def test_a_worker_on_a_node_without_the_marker_stops_with_the_reason(tmp_path):
     assert reads_back(run, str(tmp_path / "ckpt" / "run" / MARKER), impostor.content) == \
         "another file there (not the driver's)"
     assert not list(tmp_path.rglob(PROBE_PREFIX + "*"))
+
+
+def test_a_worker_that_reaches_no_store_waits_out_an_outage_then_says_so(monkeypatch):
+    """A store that does not answer (a restart during an outage) is not a node of its own:
+    the worker waits, then stops the run (not retried) saying the store cannot be reached."""
+    from orchestrator.storage import probe
+    from orchestrator.storage.location import Credentials
+
+    monkeypatch.setattr(probe, "UNREACHABLE_WAIT_S", 1.0)
+    down = StorageSpec("s3://ckpt/run", f"http://127.0.0.1:{free_port()}", "us-east-1",
+                       Credentials("K", "S" * 20))
+    with pytest.raises(probe.StorageUnreachable,
+                       match=r"storage s3://ckpt/run cannot be reached from node .* \(nothing "
+                             r"answers at http://127.0.0.1:\d+, for 1 s\): the run does not"):
+        check_worker_node(StorageMarker(down, b"marker"))
+    assert probe.StorageUnreachable.retry is False

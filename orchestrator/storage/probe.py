@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
@@ -45,6 +46,17 @@ INSTEAD = ("use storage=s3 with an endpoint every node reaches, or a directory m
 
 class StorageNotShared(RuntimeError):
     """A worker's node does not see the run's storage as the driver does."""
+
+
+class StorageUnreachable(RuntimeError):
+    """Nothing answers at the run's storage from a worker's node, for longer than an outage
+    is waited out: a restart would meet the same, so the run stops with it."""
+
+    retry = False
+
+
+UNREACHABLE_WAIT_S = 120.0  # an outage at a worker's start is waited out this long
+NOTHING_ANSWERS = "nothing answers at"
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,7 @@ def reads_back(storage: StorageSpec, path: str, content: bytes) -> str | None:
     except OSError as exc:
         text = storage.credentials.scrub(str(exc)) if storage.credentials else str(exc)
         if any(marker in text for marker in UNREACHABLE):
-            return f"nothing answers at {storage.endpoint or 'the S3 endpoint'}"
+            return f"{NOTHING_ANSWERS} {storage.endpoint or 'the S3 endpoint'}"
         return (text.strip().splitlines() or [type(exc).__name__])[0][:160]
     return None if found == content else "another file there (not the driver's)"
 
@@ -194,9 +206,19 @@ def check_worker_node(marker: StorageMarker | None) -> None:
     if marker is None:
         return
     fs, root = _filesystem(marker.storage)
-    why = reads_back(marker.storage, join(root, MARKER), marker.content)
+    path = join(root, MARKER)
+    why = reads_back(marker.storage, path, marker.content)
+    deadline = time.monotonic() + UNREACHABLE_WAIT_S
+    while why is not None and why.startswith(NOTHING_ANSWERS) and time.monotonic() < deadline:
+        time.sleep(2.0)  # the store down (a restart during an outage), not a node of its own
+        why = reads_back(marker.storage, path, marker.content)
     if why is not None:
         node = ray.util.get_node_ip_address()
+        if why.startswith(NOTHING_ANSWERS):
+            raise StorageUnreachable(
+                f"the run's storage {marker.storage.uri} cannot be reached from node {node} "
+                f"({why}, for {UNREACHABLE_WAIT_S:.0f} s): the run does not start over without "
+                "it; fix the network or the store and run the same command again")
         raise StorageNotShared(
             f"node {node} does not see the run's storage {marker.storage.uri} as the driver "
             f"does (the driver's marker: {why}); it joined after the driver's check, and its "

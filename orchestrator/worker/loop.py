@@ -66,7 +66,7 @@ def train_loop_per_worker(config: dict) -> None:
         life.close()  # every upload done: the final checkpoint is committed, or it is said why
         missing = life.last_checkpoint_missing()
         if missing:
-            raise CheckpointNotCommitted(missing)
+            raise CheckpointNotCommitted(missing, after_notice=life.notice is not None)
     except Exception as exc:
         step = life.step if life is not None else 0
         cause = cause_of(exc)
@@ -88,7 +88,14 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 class CheckpointNotCommitted(RuntimeError):
-    """The run's newest checkpoint was never committed: it cannot say it succeeded."""
+    """The run's newest checkpoint was never committed: it cannot say it succeeded. At the
+    run's end it is not retried (a restart would train the lost steps again only to meet the
+    same store; the same command resumes from the newest committed checkpoint); after a
+    preemption notice it is (the run goes on elsewhere, from an older checkpoint)."""
+
+    def __init__(self, message: str, after_notice: bool = False):
+        super().__init__(message)
+        self.retry = after_notice
 
 
 def final_metrics(result: Any) -> dict[str, float]:
