@@ -104,6 +104,19 @@ def test_held_out_rows_never_train_and_every_row_is_somewhere(tmp_path):
     assert 0.1 < len(tested) / plan.manifest.rows < 0.3  # data.test_fraction 0.2
 
 
+def test_held_out_data_of_fewer_row_groups_than_ranks_pads_the_others(tmp_path):
+    """data.eval_path of one row group at 2 ranks: rank 1 has no held-out row of its own and
+    yields as many batches as rank 0, each a real row weighing nothing (it crashed)."""
+    data, held = write_data(tmp_path / "data", files=2), write_data(tmp_path / "eval", files=1,
+                                                                      groups=1)
+    plan = stream_plan(data, workers=2, eval_path=str(held))
+    order = plan.order(8)
+    shares = [list(plan.eval_share(order, rank, 2, 16)) for rank in range(2)]
+    assert len(shares[0]) == len(shares[1]) == 4  # 50 rows in batches of 16
+    assert sum(len(x) for x, _, w in shares[0] if w) == 50
+    assert all(w == 0.0 and len(x) == 1 for x, _, w in shares[1])
+
+
 def test_changed_data_is_named_and_refused_unless_asked(tmp_path):
     data = write_data(tmp_path / "data")
     before = stream_plan(data).order(16).position()

@@ -196,5 +196,8 @@ class EvalShare:
         if xs and len(ys[0]):
             yield xs[0], ys[0], 1.0
             one, given = (xs[0][:1], ys[0][:1]), given + 1
+        if one is None and given < self.count:  # no held-out rows of its own (data.eval_path
+            x, y = self.reader.read(self.groups[0] if self.groups else 0)  # of few row groups)
+            one = (x[:1], y[:1])
         for _ in range(self.count - given):  # a padding batch: a real row, weighing nothing
             yield one[0], one[1], 0.0
