@@ -290,7 +290,7 @@ class CheckpointStore:
         for ref in reversed(refs):
             try:
                 return ref, self._retry(f"reading {ref.uri}",
-                                         lambda r=ref: self._fetch_content(r, cache), backoff)
+                                        lambda r=ref: self._fetch_content(r, cache), backoff)
             except (CorruptCheckpoint, ValueError, KeyError, TypeError) as exc:
                 reason = f"checkpoint {ref.uri} is unreadable ({exc}); trying an older one"
                 log.warning(reason)
@@ -355,7 +355,7 @@ class CheckpointStore:
         names = local_files(local)
         check_names(names, f"the snapshot {local} of {ref.uri}", CorruptCheckpoint)
         self._retry(f"creating {ref.uri}", lambda: self.fs.create_dir(ref.path, recursive=True),
-                     backoff)
+                    backoff)
         entries = {}
         for name in names:
             key = f"{attempt}/{name}"
@@ -365,14 +365,14 @@ class CheckpointStore:
                 "key": key}
         for name, entry in entries.items():
             size = self._retry(f"checking {ref.uri}/{entry['key']}",
-                                lambda k=entry["key"]: self.fs.get_file_info(join(ref.path, k)).size,
-                                backoff)
+                               lambda k=entry["key"]: self.fs.get_file_info(join(ref.path, k)).size,
+                               backoff)
             if size != entry["bytes"]:
                 raise CorruptCheckpoint(f"{ref.uri}/{name}: {size} bytes stored, {entry['bytes']} sent")
         record = {"step": step, "rank": rank, "attempt": attempt, "files": entries, **(note or {})}
         self._retry(f"recording rank {rank}'s part of {ref.uri}",
-                     lambda: self._write_atomically(join(ref.path, PARTS, part_name(attempt, rank)),
-                                                    json.dumps(record).encode()), backoff)
+                    lambda: self._write_atomically(join(ref.path, PARTS, part_name(attempt, rank)),
+                                                   json.dumps(record).encode()), backoff)
         return entries
 
     def _store_file(self, local: Path, remote: str) -> dict:
@@ -432,7 +432,7 @@ class CheckpointStore:
             # A listing error is retried like any other operation, within what is left of the
             # wait: the parts may all be there (it used to abandon the checkpoint at once).
             found = self._retry(where, lambda: self.parts(step, attempt),
-                                 replace(backoff, until=deadline))
+                                replace(backoff, until=deadline))
             failed = {r: p["failed"] for r, p in found.items() if "failed" in p}
             if failed:
                 raise IncompleteCheckpoint(f"{self.ref(step).uri}: rank(s) {sorted(failed)} gave "
@@ -462,12 +462,12 @@ class CheckpointStore:
                 files[name] = {**entry, "rank": rank}
         ref = self.ref(step)
         sequence = self._retry(f"reading the commit order in {self.spec.uri}",
-                                self._newest_sequence, backoff) + 1
+                               self._newest_sequence, backoff) + 1
         manifest = {"step": step, "world_size": len(parts), "files": files, "meta": meta,
                     "committed_at": time.time(), "sequence": sequence}
         self._retry(f"committing {ref.uri}",
-                     lambda: self._write_atomically(join(ref.path, MANIFEST),
-                                                    json.dumps(manifest, indent=1).encode()), backoff)
+                    lambda: self._write_atomically(join(ref.path, MANIFEST),
+                                                   json.dumps(manifest, indent=1).encode()), backoff)
         self._sequence = sequence
         total = sum(e["bytes"] for e in files.values())
         return SavedCheckpoint(ref, total, time.perf_counter() - started, meta)
