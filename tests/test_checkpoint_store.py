@@ -519,6 +519,7 @@ def test_leftovers_of_failed_writes_are_removed_when_a_worker_group_starts(tmp_p
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == [
         step_dir(5), step_dir(10), step_dir(20), step_dir(30)]
     assert [r.step for r in store.committed()] == [10, 20] and remove_stale(store) == []
+    assert not (root / STAGING).exists()  # emptied, then removed itself
 
 
 def test_a_straggler_of_a_dead_attempt_cannot_touch_a_committed_checkpoint(store, tmp_path):

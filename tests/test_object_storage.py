@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import sys
 import time
 
 import pytest
 
+from orchestrator.checkpoint.cleanup import remove_stale
 from orchestrator.checkpoint.committer import Committer
 from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, CheckpointUnreachable, step_dir
@@ -339,6 +341,7 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
     assert {n: e["rank"] for n, e in manifest["files"].items()} == {
         "dcp/.metadata": 0, "dcp/__0_0.distcp": 0, "dcp/__1_0.distcp": 1}
     assert min(e["bytes"] for n, e in manifest["files"].items() if n.endswith(".distcp")) > 60 << 20
+    assert unfinished_uploads(s3_server, "fsdp/killed") == []  # the killed rank's, if any: aborted
 
     straight = finish_run(straight, tmp_path / "straight")
     assert straight.returncode == 0, straight.output[-4000:]
@@ -347,3 +350,38 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
     assert a.keys() == b.keys() and any(k.startswith("optimizer.state") for k in a)
     differ = [k for k in a if not (a[k].equal(b[k]) if hasattr(a[k], "equal") else a[k] == b[k])]
     assert not differ, f"the resumed run's shards differ: {differ[:5]}"
+
+
+def unfinished_uploads(server, prefix: str) -> list[str]:
+    from orchestrator.storage.multipart import s3_client
+
+    listed = s3_client(spec_for(server, prefix)).list_multipart_uploads(
+        Bucket="ckpt-tests", Prefix=f"{prefix}/")
+    return [u["Key"] for u in listed.get("Uploads", [])]
+
+
+def test_an_upload_left_unfinished_by_a_killed_writer_is_aborted_at_the_next_start(
+        s3_server, bucket):
+    """Issue 26, 10: a writer killed mid-upload (pyarrow's multipart stream, a part sent, the
+    process gone without closing it) leaves an upload the store keeps and bills; the cleaning
+    at a worker group's start (and at a run's end) aborts the run's own, not a sibling run's."""
+    code = f"""
+import os, pyarrow.fs as pafs
+fs = pafs.S3FileSystem(endpoint_override={s3_server.endpoint!r}, scheme="http",
+                       access_key={s3_server.access_key!r}, secret_key={s3_server.secret_key!r})
+streams = []  # held: a stream dropped is closed by pyarrow
+for run in ("leftover", "leftover2"):
+    streams.append(fs.open_output_stream(f"ckpt-tests/{{run}}/step_000000020/att-x/shard.bin"))
+    streams[-1].write(b"x" * (30 << 20))  # past the size pyarrow sends in one PUT
+    streams[-1].flush()  # a part sent: the multipart upload exists on the store
+os._exit(0)  # killed: never closed, never aborted
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    store = CheckpointStore(spec_for(s3_server, "leftover"))
+    store.save(10, {"a": b"kept"})
+    assert unfinished_uploads(s3_server, "leftover") == ["leftover/step_000000020/att-x/shard.bin"]
+    removed = remove_stale(store)
+    assert "leftover/step_000000020/att-x/shard.bin" in removed
+    assert unfinished_uploads(s3_server, "leftover") == []
+    assert unfinished_uploads(s3_server, "leftover2") == ["leftover2/step_000000020/att-x/shard.bin"]
+    assert [r.step for r in store.committed()] == [10]

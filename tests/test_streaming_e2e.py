@@ -70,6 +70,8 @@ def test_streamed_rows_are_the_same_at_any_size_and_a_killed_rank_resumes_bit_fo
     rec = killed.record
     assert [(w["size"], w["step"]) for w in rec["world_sizes"]] == [(2, 0), (2, 30)]
     assert rows_per_step(tmp_path / "ids-killed", rec) == reference
+    # The killed rank's staging folder went at the restart, the emptied folder at the end.
+    assert not [n for n in ("killed", "straight") if (storage / n / ".staging").exists()]
     a, b = model_at(storage, "killed"), model_at(storage, "straight")
     assert all(torch.equal(a[k], b[k]) for k in a), "the killed-and-resumed run differs"
     assert rec["metrics"] == straight.record["metrics"]

@@ -1,18 +1,20 @@
-"""What failed writes leave in a run's storage, removed when a worker group starts (nothing of
-the run writes then): the staging folders of ranks that were killed (a local store's snapshots,
-FSDP's full shards among them) and the step folders that were never committed, older than the
-newest commit. A folder holding a corrupt checkpoint's set-aside manifest is kept for a look.
-Object stores' aborted multipart uploads are not reachable through pyarrow: a bucket lifecycle
-rule (AbortIncompleteMultipartUpload) removes those."""
+"""What failed writes leave in a run's storage, removed when a worker group starts and when the
+run has succeeded (nothing of the run writes then): the staging folders of ranks that were
+killed (a local store's snapshots, FSDP's full shards among them), the step folders that were
+never committed, older than the newest commit, and an object store's multipart uploads that a
+killed writer left unfinished (storage/multipart.py). A folder holding a corrupt checkpoint's
+set-aside manifest is kept for a look."""
 
 from __future__ import annotations
 
 import logging
+import os
 
 import pyarrow.fs as pafs
 
 from orchestrator.checkpoint.store import CheckpointStore, step_of
 from orchestrator.storage.location import join
+from orchestrator.storage.multipart import abort_unfinished_uploads
 
 log = logging.getLogger(__name__)
 
@@ -20,9 +22,9 @@ STAGING = ".staging"
 
 
 def remove_stale(store: CheckpointStore) -> list[str]:
-    """Remove what earlier attempts' failed writes left; return the paths removed. Errors are
-    warnings: cleaning never stops a run."""
-    removed: list[str] = []
+    """Remove what earlier attempts' failed writes left; return the paths (and the unfinished
+    uploads' keys) removed. Errors are warnings: cleaning never stops a run."""
+    removed: list[str] = abort_unfinished_uploads(store.spec)
     try:
         infos = store.fs.get_file_info(pafs.FileSelector(store.root, allow_not_found=True))
     except OSError as exc:
@@ -46,6 +48,11 @@ def remove_stale(store: CheckpointStore) -> list[str]:
             removed.append(path)
         except OSError as exc:
             log.warning("cleaning %s: %s", path, exc)
+    if store.is_local:
+        try:  # the staging folder itself, once no rank has one in it
+            os.rmdir(join(store.root, STAGING))
+        except OSError:
+            pass
     if removed:
         log.info("removed %d leftovers of failed writes: %s", len(removed), ", ".join(removed))
     return removed

@@ -16,6 +16,8 @@ from ray.exceptions import RayActorError
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
+from orchestrator.checkpoint.cleanup import remove_stale
+from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.config.paths import resolve_paths
 from orchestrator.config.schema import Config
 from orchestrator.config.typed import to_typed
@@ -185,6 +187,8 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
         print_error(permanent)
     elif code == 1:
         print_error(error)
+    if code == 0:  # every write is done: what failed ones left goes (a failed run's at its resume)
+        remove_stale(CheckpointStore(run.plan.run_storage))
     return code, status, error
 
 
