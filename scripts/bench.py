@@ -87,7 +87,8 @@ def parser() -> argparse.ArgumentParser:
                    help="steps of the runs compared for samples/s (--repeats pairs)")
     g.add_argument("--data-batch", type=int, default=1024)
     g.add_argument("--data-parts", default="torch,boosting",
-                   help="data_scale's legs: torch (the PyTorch trainer), boosting")
+                   help="data_scale's legs: torch (the PyTorch trainer), boosting; or reads "
+                        "alone (the reader vs a bare pyarrow read)")
     g.add_argument("--data-boosters", default="xgboost,xgboost_external,lightgbm",
                    help="data_scale's boosting legs on the largest dataset")
     g.add_argument("--data-boost-rounds", type=int, default=5)

@@ -1,8 +1,10 @@
 """A rank's share of streamed parquet data, read a window of row groups at a time.
 
-Reading and decoding run in background threads (pyarrow releases the GIL), one window ahead
-per shard, so the step rarely waits for the disk or S3; a rank holds at most two windows per
-shard it owns, whatever the size of the data. Every byte read is counted (``bytes_read``).
+Reading and decoding run in background threads (pyarrow and numpy's copies release the GIL),
+READ_AHEAD windows ahead per shard, so the step rarely waits for the disk or S3; a rank holds
+at most READ_AHEAD + 2 windows per shard it owns (those read ahead, the current one, and the
+one the step before still holds a view of), whatever the size of the data. Every byte read
+is counted (``bytes_read``).
 """
 
 from __future__ import annotations
@@ -30,17 +32,38 @@ class Decoding:
     mean: np.ndarray | None  # feature scaling from a sample of the training rows
     std: np.ndarray | None
 
-    def decode(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        x = np.empty((table.num_rows, len(self.features)), dtype=np.float32)  # rows, features
-        for i, name in enumerate(self.features):
-            x[:, i] = table[name].to_numpy(zero_copy_only=False)
-        if self.mean is not None:  # the neural trainers' scaling
-            x -= self.mean
-            x /= self.std
+    def decode(self, table: pa.Table, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(features, labels) of the table's rows ``rows``, in that order (all of them when
+        None): features row-major float32, scaled; labels class indices or float32."""
+        x = row_major(table, self.features, self.mean, self.std)
         labels = table[self.label].to_numpy(zero_copy_only=False)
+        if rows is not None:  # a gather of whole rows: cheaper than Arrow's take of each column
+            x, labels = np.take(x, rows, axis=0), labels[rows]
         if self.classes is None:
             return x, labels.astype(np.float32)
         return x, np.searchsorted(np.asarray(self.classes), labels).astype(np.int64)
+
+
+READ_AHEAD = 2  # windows read ahead per shard (one keeps only one core busy: 0.34 vs 0.43 of a bare read)
+BLOCK_ROWS = 16384  # 4 MiB of 64 float32 features: stays in the cache while its columns land
+
+
+def row_major(table: pa.Table, names, mean: np.ndarray | None = None,
+              std: np.ndarray | None = None) -> np.ndarray:
+    """The columns as one (rows, columns) float32 array, scaled by (mean, std) when given.
+    Written a block of rows at a time: a column written into a whole array at once touches
+    every row's cache line once per column; into a block, the block stays in the cache while
+    its columns land and it is scaled (half the time of a column at a time)."""
+    columns = [table[name].to_numpy(zero_copy_only=False) for name in names]
+    x = np.empty((table.num_rows, len(columns)), dtype=np.float32)
+    for start in range(0, table.num_rows, BLOCK_ROWS):
+        block = x[start:start + BLOCK_ROWS]
+        for i, column in enumerate(columns):
+            block[:, i] = column[start:start + BLOCK_ROWS]
+        if mean is not None:  # the neural trainers' scaling
+            block -= mean
+            block /= std
+    return x
 
 
 class GroupReader:
@@ -101,11 +124,12 @@ class ShardCursor:
     def _read_window(self, epoch: int, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         window = self.order.windows(self.shard, epoch)[w]
         ids, perm = self.order.rows_of(window)
-        tables = [self.reader.table(g).filter(pa.array(self.order.train_mask(g)))
-                  for g in window.groups]
-        # Arrow's take shuffles the columns before they become rows: cheaper than a gather
-        # of the row-major array.
-        x, y = self.reader.decoding.decode(pa.concat_tables(tables).take(pa.array(perm)))
+        tables = [self.reader.table(g) for g in window.groups]
+        # The training rows of the groups, concatenated, then in stream order: one gather.
+        offsets = np.cumsum([0, *(t.num_rows for t in tables[:-1])])
+        kept = np.concatenate([np.flatnonzero(self.order.train_mask(g)) + offset
+                               for g, offset in zip(window.groups, offsets, strict=True)])
+        x, y = self.reader.decoding.decode(pa.concat_tables(tables), kept[perm])
         return ids, x, y
 
     def _needed(self, window: tuple[int, int], first_row: int) -> bool:
@@ -121,6 +145,18 @@ class ShardCursor:
             return epoch, w + 1
         return epoch + 1, 0
 
+    def _read_ahead(self, epoch: int, w: int, end: int) -> None:
+        """Start reading the READ_AHEAD windows after window w (which ends at row ``end`` of
+        its epoch) that a step before ``self.total`` needs."""
+        for _ in range(READ_AHEAD):
+            after = self._next_window(epoch, w)
+            end = end if after[0] == epoch else 0  # the next window's first row
+            if not self._needed(after, end):
+                return
+            self._window_data(*after)
+            epoch, w = after
+            end += self.order.windows(self.shard, epoch)[w].rows
+
     def take(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids, x, y) this shard gives the global batch at ``step``."""
         epoch, first, last = self.order.span(self.shard, step)
@@ -132,16 +168,22 @@ class ShardCursor:
                 ids, x, y = self._window_data(epoch, w).result()
                 lo, hi = first - start if first > start else 0, min(last, end) - start
                 parts.append((ids[lo:hi], x[lo:hi], y[lo:hi]))
-                after = self._next_window(epoch, w)
-                if self._needed(after, end if after[0] == epoch else 0):
-                    self._window_data(*after)  # read the next window ahead
+                self._read_ahead(epoch, w, end)
             if end >= last:
                 break
             start, w = end, w + 1
         # Windows before this step's first are done with.
         for key in [k for k in self._loaded if k < (epoch, w)]:
             del self._loaded[key]
-        return tuple(np.concatenate(col) for col in zip(*parts, strict=True))
+        return joined(parts)
+
+
+def joined(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    """(ids, x, y) of the parts one after the other; a single part as it is (a view of its
+    window, not a copy: most steps lie in one window of one shard)."""
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(col) for col in zip(*parts, strict=True))
 
 
 class RankStream:
@@ -155,8 +197,7 @@ class RankStream:
                         for v in order.shards_of(rank, world_size)]
 
     def step(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        taken = [c.take(step) for c in self.cursors]
-        return tuple(np.concatenate(col) for col in zip(*taken, strict=True))
+        return joined([c.take(step) for c in self.cursors])
 
     def steps(self, start: int, total: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         for cursor in self.cursors:
