@@ -243,3 +243,67 @@ def test_a_jobs_placement_groups_go_with_it_so_a_command_needs_no_cleaner(ray_he
             break
         time.sleep(1)
     assert all(states.get(g) == "REMOVED" for g in groups), states
+
+
+PRESTART_CHECK = """
+import json, os, sys, time
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+from orchestrator.driver.warm_start import HELPERS
+from orchestrator.ray_internals.prestart import prestart_workers, train_actor_env
+address, mark, out = sys.argv[1:]
+job_env = {"PRESTART_MARK": mark}
+ray.init(address=address, logging_level="ERROR", runtime_env={"env_vars": job_env})
+
+def idle():  # this job's worker processes waiting for an actor
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\\0")
+        except OSError:
+            continue
+        if title.startswith(b"ray::IDLE") and f"PRESTART_MARK={mark}".encode() in env:
+            found.add(int(pid))
+    return found
+
+for wanted in range(1, HELPERS + 3):  # one at a time: Ray refuses more starts than CPUs
+    problem = prestart_workers(1, 120, train_actor_env(job_env))
+    assert problem is None, problem
+    deadline = time.time() + 60
+    while len(idle()) < wanted:
+        assert time.time() < deadline, f"{len(idle())} of {wanted} processes started"
+        time.sleep(0.1)
+before = idle()
+
+def fn(config):
+    open(os.path.join(config["out"], str(os.getpid())), "w").close()
+
+DataParallelTrainer(fn, train_loop_config={"out": out},
+                    scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.1}),
+                    run_config=RunConfig(storage_path=out, worker_runtime_env={})).fit()
+print(json.dumps({"idle": sorted(before), "workers": sorted(int(n) for n in os.listdir(out) if n.isdigit())}))
+"""
+
+
+def test_processes_started_ahead_are_the_ones_ray_train_gives_its_workers(ray_head, tmp_path):
+    """cluster.prestart (orchestrator/driver/warm_start.py): processes asked of the raylet
+    with the environment Ray Train gives its actors (train_actor_env of the job's variables)
+    are waiting before fit(), and Ray Train's workers (no worker_runtime_env of their own) run
+    in them, not in new processes. A Ray upgrade that writes actors' environments another way,
+    or renames the raylet's call, fails here."""
+    import subprocess
+    import sys
+    import uuid
+
+    from scripts.local_cluster import node_env
+
+    done = subprocess.run([sys.executable, "-c", PRESTART_CHECK, ray_head.address,
+                           uuid.uuid4().hex, str(tmp_path)], capture_output=True, text=True,
+                          env=node_env(), timeout=300, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(seen["workers"]) == 2 and set(seen["workers"]) <= set(seen["idle"]), seen
