@@ -40,9 +40,6 @@ class ClusterConfig:
     # How long a run may go without a worker group before it stops with a line naming what it
     # asked for and what each node has (exit 1): Ray Train alone would wait forever.
     placement_timeout_s: float = 300.0
-    # Worker processes started on the driver's node as soon as Ray is up, ready for the
-    # controller and the workers when they come (orchestrator/driver/warm_start.py).
-    prestart: bool = True
 
     @property
     def elastic(self) -> bool:

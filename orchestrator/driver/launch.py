@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -30,7 +29,6 @@ from orchestrator.driver.record import RunRecord, redact
 from orchestrator.driver.recorder import FaultReporter, start_recorder
 from orchestrator.driver.run_plan import RunPlan, complete_data, make_plan
 from orchestrator.driver.scaling import elastic_controller_env, scaling_kwargs
-from orchestrator.driver.warm_start import WarmStart, processes_wanted
 from orchestrator.errors import ConfigError, print_error
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
@@ -93,13 +91,9 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     try:
         # An elastic job gives up on a placement group Ray's stale view promised after the hang
         # timeout, not 60 s (orchestrator/driver/scaling.py: a partitioned node's CPUs look free).
-        # The workers' variables are the job's: Ray gives a process started ahead of need
-        # only to an actor of the same runtime environment (orchestrator/driver/warm_start.py).
         env = {**controller_env(cfg.failure.hang_timeout_s, run.training.backend),
-               **elastic_controller_env(cfg.cluster, cfg.failure.hang_timeout_s),
-               **worker_env(run.training.backend)}
-        with RaySession(cfg.cluster, env, cfg.log.ray_verbose) as session, \
-                warm_start(session, cfg.cluster):
+               **elastic_controller_env(cfg.cluster, cfg.failure.hang_timeout_s)}
+        with RaySession(cfg.cluster, env, cfg.log.ray_verbose) as session:
             # Shared storage (orchestrator/storage/probe.py): on a joined cluster every node
             # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
             # the marker lets each worker check its own node, nodes joining later included.
@@ -170,7 +164,7 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
     log.info("asking Ray for %s", describe_workers(scaling_args))
     ray_trainer = ray_trainer_for(run, ScalingConfig(**scaling_args), recorder, output_dir,
-                                  storage_marker, session.reused)
+                                  storage_marker)
     # A sweep's trial (a reused session) keeps the cleaner: an early-stopped trial's
     # workers must give their CPUs back to the next trials.
     without_unneeded_actors(ray_trainer, keep_cleaner=session.reused)
@@ -199,7 +193,7 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
 
 
 def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_dir: Path,
-                    storage_marker, reused: bool) -> DataParallelTrainer:
+                    storage_marker) -> DataParallelTrainer:
     cfg, plan, training = run.cfg, run.plan, run.training
     spec = WorkerSpec(training.path, {"trainer": training.config, "data": run.data},
                       cfg.data, cfg.checkpoint, plan.run_storage, plan.resume_source,
@@ -212,8 +206,7 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
         storage_path=str(output_dir / "ray_train"),
         failure_config=FailureConfig(max_failures=cfg.failure.max_restarts,
                                      max_preemption_failures=cfg.failure.max_preemptions),
-        # In a sweep's shared session the job's variables are the sweep's: each trial's own.
-        worker_runtime_env={"env_vars": worker_env(training.backend)} if reused else {},
+        worker_runtime_env={"env_vars": worker_env(training.backend)},
         logging_config=train_logging(cfg.log.ray_verbose),
         callbacks=[FaultReporter(recorder)],
     )
@@ -225,15 +218,6 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
         scaling_config=scaling,
         run_config=run_config,
     )
-
-
-def warm_start(session: RaySession, cluster) -> contextlib.AbstractContextManager:
-    """Worker processes started ahead of the actors that will use them (cluster.prestart);
-    not in a sweep's shared session, whose trials start their own."""
-    if session.reused or not cluster.prestart:
-        return contextlib.nullcontext()
-    count = processes_wanted(cluster.workers, cluster.cpus_per_worker, session.node_cpus())
-    return WarmStart(session.env_vars, count, batch=int(session.node_cpus()) or 1)
 
 
 def snapshots(recorder):

@@ -120,8 +120,7 @@ class RaySession:
             # the machine (/tmp/ray/ray_current_cluster), and when that is another cluster it
             # finds no controller and removes our workers' placement group (a restart with no
             # error). RAY_ADDRESS in every process of the job pins it to this cluster.
-            self.env_vars = {**self.env_vars, "RAY_ADDRESS": address}
-            quiet["runtime_env"]["env_vars"] = self.env_vars
+            quiet["runtime_env"]["env_vars"] = {**self.env_vars, "RAY_ADDRESS": address}
             context = self.start(address=address, **quiet)
         else:
             context = self.start(
@@ -159,15 +158,6 @@ class RaySession:
             ray.shutdown()
             stop_leftovers(ours, LEFTOVER_GRACE_S)
         self.interrupted = guard.seen
-
-    @staticmethod
-    def node_cpus() -> float:
-        """The CPUs of the node this driver runs on."""
-        here = ray.get_runtime_context().get_node_id()
-        for node in ray.nodes():
-            if node.get("NodeID") == here:
-                return float(node.get("Resources", {}).get("CPU", 0.0))
-        return 0.0
 
     @staticmethod
     def total_cpus() -> float:

@@ -4,9 +4,7 @@
   records its address in;
 - train_hooks.py: Ray Train's private trainer hooks (its default callbacks, its SIGINT
   handler) and the controller's settings made of knobs.py's environment variables;
-- pg_cleaner.py: Ray Train's placement-group cleaner, subclassed to pin it to its cluster;
-- prestart.py: the raylet's call that starts worker processes ahead of need, and the runtime
-  environment Ray Train gives its actors (a process goes only to an actor of the same one).
+- pg_cleaner.py: Ray Train's placement-group cleaner, subclassed to pin it to its cluster.
 
 tests/test_ray_internals.py checks each against the installed Ray (not a stand-in), so a
 Ray upgrade that renames one fails there, naming it.

@@ -34,7 +34,6 @@ WARM_TORCHRUN_GOAL = Goal("<=", 1.3)
 # Orchestrator settings worth measuring against the default: name -> (overrides, environment).
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "no_dashboard": (["cluster.dashboard=false"], {}),
-    "no_prestart": (["cluster.prestart=false"], {}),  # no worker processes started ahead
 }
 
 
@@ -84,10 +83,6 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         head = start_head(work / "warm-head")
         sides["orchestrator_warm"] = orchestrated(
             "orchestrator_warm", [f"cluster.address={head.address}"], {})
-        for name in args.fixed_variants:  # each variant joining the warm cluster too
-            overrides, env = VARIANTS[name]
-            sides[f"orchestrator_warm_{name}"] = orchestrated(
-                f"orchestrator_warm_{name}", [f"cluster.address={head.address}", *overrides], env)
     try:
         runs = interleave(sides, args.repeats, log=lambda m: progress(f"fixed_cost {m}"))
     finally:
