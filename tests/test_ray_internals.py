@@ -243,3 +243,36 @@ def test_a_jobs_placement_groups_go_with_it_so_a_command_needs_no_cleaner(ray_he
             break
         time.sleep(1)
     assert all(states.get(g) == "REMOVED" for g in groups), states
+
+
+def test_a_fixed_size_run_on_an_embedded_cluster_asks_no_autoscaler():
+    """without_autoscaling_requests: the policy fit() hands the controller (Ray Train's fixed
+    one) is swapped for one that starts no AutoscalingCoordinator, and still decides the same
+    size. Real classes of the installed Ray; where fit() makes the policy and where the base
+    class starts the coordinator are checked in their source."""
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy import (
+        ResizeDecision,
+        create_scaling_policy,
+    )
+    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+    from ray.train.v2._internal.execution.scaling_policy.scaling_policy import ScalingPolicy
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from orchestrator.ray_internals.train_hooks import without_autoscaling_requests
+
+    assert "scaling_policy=create_scaling_policy(self.scaling_config)" in \
+        inspect.getsource(DataParallelTrainer.fit)
+    assert "TrainAutoscalingCoordinatorClient(" in inspect.getsource(ScalingPolicy.after_controller_start)
+    trainer, given = real_trainer(), {}
+    trainer._initialize_and_run_controller = lambda **kwargs: given.update(kwargs)
+    without_autoscaling_requests(trainer)
+    policy = create_scaling_policy(ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}))
+    assert type(policy) is FixedScalingPolicy
+    trainer._initialize_and_run_controller(scaling_policy=policy)
+    swapped = given["scaling_policy"]
+    assert isinstance(swapped, FixedScalingPolicy) and swapped is not policy
+    swapped.after_controller_start(None)  # the base class would start the coordinator here
+    decision = swapped.make_decision_for_non_running_worker_group()  # it would assert a client
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
+    swapped.before_controller_abort()

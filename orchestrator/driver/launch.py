@@ -36,6 +36,7 @@ from orchestrator.ray_internals.train_hooks import (
     controller_env,
     hooks_missing,
     interrupted_by_ctrl_c,
+    without_autoscaling_requests,
     without_unneeded_actors,
 )
 from orchestrator.storage.location import credential_chain_env
@@ -168,6 +169,8 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     # A sweep's trial (a reused session) keeps the cleaner: an early-stopped trial's
     # workers must give their CPUs back to the next trials.
     without_unneeded_actors(ray_trainer, keep_cleaner=session.reused)
+    if not session.joined and not cfg.cluster.elastic:  # no autoscaler, nothing to grow into
+        without_autoscaling_requests(ray_trainer)
     controller = interrupted_by_ctrl_c(ray_trainer)
     for problem in hooks_missing(ray_trainer):  # after a Ray upgrade (ray_internals/)
         log.warning("%s", problem)

@@ -4,7 +4,9 @@
   records its address in;
 - train_hooks.py: Ray Train's private trainer hooks (its default callbacks, its SIGINT
   handler) and the controller's settings made of knobs.py's environment variables;
-- pg_cleaner.py: Ray Train's placement-group cleaner, subclassed to pin it to its cluster.
+- pg_cleaner.py: Ray Train's placement-group cleaner, subclassed to pin it to its cluster;
+- scaling.py: Ray Train's fixed-size scaling policy without autoscaler requests (an embedded
+  cluster has no autoscaler).
 
 tests/test_ray_internals.py checks each against the installed Ray (not a stand-in), so a
 Ray upgrade that renames one fails there, naming it.

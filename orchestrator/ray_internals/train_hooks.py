@@ -113,6 +113,30 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
     ray_trainer._create_default_callbacks = adjusted
 
 
+def without_autoscaling_requests(ray_trainer) -> None:
+    """A fixed-size run on an embedded cluster asks no autoscaler for its workers' resources
+    (there is none): Ray Train's controller then starts no AutoscalingCoordinator actor. The
+    policy fit() makes is swapped where fit() hands it to the controller (a private hook: if a
+    Ray upgrade renames it, nothing changes but the cost)."""
+    start = getattr(ray_trainer, "_initialize_and_run_controller", None)
+    try:
+        from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+
+        from orchestrator.ray_internals.scaling import FixedWithoutRequests
+    except ImportError:
+        return
+    if start is None:
+        return
+
+    def initialize_and_run_controller(**kwargs):
+        policy = kwargs.get("scaling_policy")
+        if type(policy) is FixedScalingPolicy:
+            kwargs["scaling_policy"] = FixedWithoutRequests(policy.scaling_config)
+        return start(**kwargs)
+
+    ray_trainer._initialize_and_run_controller = initialize_and_run_controller
+
+
 def hooks_missing(ray_trainer) -> list[str]:
     """What a Ray upgrade took away from the hooks above, one line each (the run goes on
     without what the hook gave): said once by the driver, and kept in run.json's warnings."""
@@ -132,4 +156,7 @@ def hooks_missing(ray_trainer) -> list[str]:
     if not usable:
         missing.append("Ray Train's default-callback hook (_create_default_callbacks) is gone: "
                        "its DatasetManager and PlacementGroupCleaner actors start on every run")
+    if not callable(getattr(trainer_class, "_initialize_and_run_controller", None)):
+        missing.append("Ray Train's controller hook (_initialize_and_run_controller) is gone: "
+                       "its AutoscalingCoordinator actor starts on every run")
     return missing
