@@ -171,7 +171,7 @@ def test_a_run_says_which_hook_a_ray_upgrade_took_away():
 
     missing = hooks_missing(Renamed())
     assert [m.split(" (")[1].split(")")[0] for m in missing] == [
-        "_register_sigint_handler", "_create_default_callbacks"]
+        "_register_sigint_handler", "_create_default_callbacks", "_initialize_and_run_controller"]
 
 
 def test_auto_follows_only_a_cluster_file_of_this_users_own(tmp_path, monkeypatch):

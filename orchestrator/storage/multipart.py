@@ -47,8 +47,11 @@ def s3_client(spec: StorageSpec):
     import boto3
     from botocore.config import Config
 
+    # An endpoint of its own (MinIO, SeaweedFS...) is addressed by path, as pyarrow does: a
+    # bucket's name in the host needs a DNS name per bucket that such servers rarely have.
+    addressing = {"addressing_style": "path"} if spec.endpoint else {}
     kwargs = {"region_name": spec.region,
-              "config": Config(connect_timeout=5, read_timeout=60,
+              "config": Config(connect_timeout=5, read_timeout=60, s3=addressing,
                                retries={"max_attempts": 3, "mode": "standard"})}
     if spec.endpoint:
         kwargs["endpoint_url"] = spec.endpoint if "://" in spec.endpoint else f"https://{spec.endpoint}"
