@@ -1,6 +1,6 @@
 """Ray Train's fixed-size scaling policy without its autoscaler requests, for a run on an
 embedded cluster: there is no autoscaler to ask, and the requests go through an
-AutoscalingCoordinator actor (a process importing Ray, ~1.5 CPU-seconds here) that Ray Train
+AutoscalingCoordinator actor (a process importing Ray, ~1 CPU-second here) that Ray Train
 starts for them on every run (ray/train/v2/_internal/execution/scaling_policy/)."""
 
 from __future__ import annotations
