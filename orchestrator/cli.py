@@ -2,11 +2,14 @@
 
 Hydra reports a bad override as a multi-line error with exit code 1. Users get one line and
 exit code 2 instead: the overrides are composed and checked here first (every trial of a
---multirun sweep included), before anything starts.
+--multirun sweep included), before any worker starts (Ray itself may start beside the
+checks of a plain run: orchestrator/driver/session_start.py).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -45,6 +48,21 @@ def hydra_app(cfg: DictConfig) -> None:
 COMMAND_KEYS = ("trainer.command=",)
 
 
+def start_ray_beside_the_trial(cfg: DictConfig, typed) -> None:
+    from orchestrator.driver.session_start import start_early  # imports ray: only for a run
+
+    start_early(cfg, typed)
+
+
+def abandon_early() -> bool:
+    """Stop a Ray the run did not take (bad input, Ctrl-C); whether there was one."""
+    if "orchestrator.driver.session_start" not in sys.modules:
+        return False
+    from orchestrator.driver.session_start import abandon_early as abandon
+
+    return abandon()
+
+
 def quote_commands(argv: list[str]) -> list[str]:
     """Give a command-line value the quotes Hydra needs (one it already quoted stays)."""
     quoted = []
@@ -62,8 +80,20 @@ def main() -> None:
     sys.argv[1:] = quote_commands(sys.argv[1:])
     with one_command():  # the checks below are the launch's too (orchestrator/config/once.py)
         try:
-            check_command_line(sys.argv[1:], CONF_DIR)
+            # Ray starts beside the trial of the user's parts (orchestrator/driver/session_start.py).
+            check_command_line(sys.argv[1:], CONF_DIR, before_parts=start_ray_beside_the_trial)
         except ConfigError as exc:
             print_error(str(exc))
+            if abandon_early():  # the thread still inside ray.init would hold the exit ~1 s
+                logging.shutdown()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(exc.exit_code)
             sys.exit(exc.exit_code)
-        hydra_app()
+        except BaseException:  # Ctrl-C during the checks
+            abandon_early()
+            raise
+        try:
+            hydra_app()
+        finally:  # nothing left when the run took the session
+            abandon_early()

@@ -64,6 +64,11 @@ def parser() -> argparse.ArgumentParser:
                    help="digits epochs of the short job (10: the default job)")
     g.add_argument("--fixed-variants", default="",
                    help="comma-separated orchestrator variants (fixed_cost.VARIANTS), or ''")
+    g.add_argument("--fixed-tree", default=None,
+                   help="another checkout of this repository (e.g. a git worktree of an older "
+                        "commit) as an extra side, orchestrator_tree: its driver and Ray Train "
+                        "controller run that code (PYTHONPATH first, PYTHONSAFEPATH=1); the "
+                        "workers still import this checkout's trainers")
     g.add_argument("--fixed-warm", type=int, default=1,
                    help="fixed_cost: also time commands joining a running cluster (0: skip)")
     g.add_argument("--sweep-trials", type=int, default=4,

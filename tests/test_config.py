@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -106,6 +110,45 @@ def test_hydra_flags_are_not_taken_for_overrides():
         ["b=3", "a=1"], ["b=3", "a=2"]]
 
 
+def test_ray_starts_beside_the_trial_of_the_parts_only_for_a_command_that_runs_one_job():
+    """The CLI's hook (orchestrator/driver/session_start.py) is called once, after the
+    training function and its config passed, before the trial of the user's parts: not for
+    a sweep (it starts its own session), --cfg, or input refused before the trial."""
+    calls = []
+
+    def before(cfg, typed):
+        calls.append(typed.cluster.workers)
+
+    check_command_line(["cluster.workers=3"], CONF_DIR, before_parts=before)
+    assert calls == [3]
+    check_command_line(["--cfg", "job", "cluster.workers=3"], CONF_DIR, before_parts=before)
+    check_command_line(["-m", "cluster.workers=1,2"], CONF_DIR, before_parts=before)
+    with pytest.raises(ConfigError, match="trainer.fn"):
+        check_command_line(["trainer=function", "trainer.fn=mypkg.nope:main"], CONF_DIR,
+                           before_parts=before)
+    assert calls == [3]
+
+
+def test_the_run_takes_the_session_started_for_its_settings_and_stops_any_other(monkeypatch):
+    from orchestrator.config.schema import ClusterConfig
+    from orchestrator.driver import session_start
+    from orchestrator.driver.ray_session import RaySession
+
+    started, abandoned = [], []
+    monkeypatch.setattr(RaySession, "start_in_background", lambda self: started.append(self))
+    monkeypatch.setattr(RaySession, "abandon", lambda self: abandoned.append(self))
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        node = compose("config", overrides=["cluster.workers=2"])
+    cfg = to_typed(node)
+    session_start.start_early(node, cfg)
+    env = session_start.session_env(cfg, session_start.backend_named("torch"))
+    assert session_start.session_for(cfg.cluster, env, cfg.log.ray_verbose) is started[0]
+    assert session_start.abandon_early() is False  # taken: nothing left to stop
+    session_start.start_early(node, cfg)
+    other = session_start.session_for(cfg.cluster, {**env, "X": "1"}, cfg.log.ray_verbose)
+    assert other is not started[1] and abandoned == [started[1]]
+
+
 def test_user_model_keys_are_free_form():
     check_command_line(["+trainer.model.dropout=0.1", "trainer.model.hidden=[32]"], CONF_DIR)
 
@@ -176,19 +219,39 @@ def bad_parts(tmp_path_factory):
     from tests.conftest import user_project
 
     base = tmp_path_factory.mktemp("bad-parts")
-    return CliBatch(base, {i: overrides for i, (overrides, _) in enumerate(BAD_PARTS)},
-                    cwd=user_project(base))
+    # Ray's own folder, short (its socket paths are limited), and a mark in the environment
+    # of every process the commands' embedded clusters start.
+    ray_dir = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    yield CliBatch(base, {i: overrides for i, (overrides, _) in enumerate(BAD_PARTS)},
+                   cwd=user_project(base), env={"RAY_TMPDIR": ray_dir})
+    shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def processes_with(variable: str) -> list[str]:
+    """The command lines of the running processes whose environment has ``variable`` (each
+    process a command started inherits its environment)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if variable.encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+        except OSError:
+            continue
+    return found
 
 
 @pytest.mark.parametrize("i", range(len(BAD_PARTS)))
-def test_cli_tries_the_users_parts_before_ray_starts(bad_parts, i):
+def test_cli_tries_the_users_parts_before_any_worker_starts(bad_parts, i):
     """One forward and backward on a tiny CPU batch, on the driver: what fails is one line
-    naming the key, within seconds (the whole batch of cases, side by side, within 60)."""
+    naming the key, within seconds (the whole batch of cases, side by side, within 60). Ray
+    starts beside that trial (orchestrator/driver/session_start.py): a command that fails it
+    leaves no Ray process behind."""
     message = BAD_PARTS[i][1]
     result = bad_parts.result(i)
     assert_input_error(result, message.split(":")[0], bad_parts.storage(i))
     assert message in result.stderr, result.stderr
     assert bad_parts.seconds[i] < 60
+    assert processes_with(f"RAY_TMPDIR={bad_parts.env['RAY_TMPDIR']}") == []
 
 
 @pytest.fixture(scope="module")

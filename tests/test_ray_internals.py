@@ -276,3 +276,46 @@ def test_a_fixed_size_run_on_an_embedded_cluster_asks_no_autoscaler():
     decision = swapped.make_decision_for_non_running_worker_group()  # it would assert a client
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
     swapped.before_controller_abort()
+
+
+def test_the_torch_backend_leaves_torch_out_of_the_controller_and_calls_rays_own_functions():
+    """What Ray Train's controller does with the config (unpickle it, make its backend, read
+    its framework and settings) imports no torch, in a fresh process; the worker-side
+    functions it calls are Ray's, with the parameters passed here; its settings are Ray's
+    TorchConfig's."""
+    import pickle
+    import subprocess
+    import sys
+
+    from ray.train.torch.config import (
+        TorchConfig,
+        TorchConfigContextManager,
+        _set_torch_distributed_env_vars,
+        _setup_torch_process_group,
+        _shutdown_torch,
+    )
+
+    from orchestrator.driver.backends import backend_named
+    from orchestrator.ray_internals.torch_backend import TorchProcessGroup, TorchProcessGroupConfig
+
+    config = backend_named("torch").ray_config(30.0, use_gpu=False)
+    assert isinstance(config, TorchProcessGroupConfig) and config.backend == "gloo"
+    assert backend_named("torch").ray_config(30.0, use_gpu=True).backend == "nccl"
+    assert config.to_dict() == TorchConfig(backend="gloo", timeout_s=30).to_dict()
+    assert config.framework == TorchConfig().framework
+    controller = (
+        "import pickle, sys\n"
+        "config = pickle.loads(sys.stdin.buffer.read())\n"
+        "backend = config.backend_cls()\n"
+        "print(backend.share_cuda_visible_devices, config.framework, config.to_dict(),\n"
+        "      'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", controller], input=pickle.dumps(config),
+                         capture_output=True, check=True).stdout.decode()
+    assert out.split()[0] == "True" and out.split()[-1] == "False", out
+    # The worker side: Ray's functions take what on_start and on_shutdown pass.
+    assert {"backend", "world_rank", "world_size", "init_method", "timeout_s"} <= \
+        set(inspect.signature(_setup_torch_process_group).parameters)
+    assert "destroy_process_group" in inspect.signature(_shutdown_torch).parameters
+    assert callable(_set_torch_distributed_env_vars)
+    assert callable(TorchConfigContextManager.__enter__) and TorchProcessGroup.has_replica_groups \
+        == TorchConfig().backend_cls.has_replica_groups

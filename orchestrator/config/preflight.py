@@ -7,6 +7,7 @@ that names the key and what is allowed, raised as ConfigError (exit code 2).
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,8 +75,11 @@ def expand_sweep(overrides: list[str], multirun: bool) -> list[list[str]]:
     return check_values(build_space(overrides, {}))
 
 
-def check_command_line(argv: list[str], conf_dir: Path) -> int:
-    """Raise ConfigError for the first bad trial; return how many configs were checked."""
+def check_command_line(argv: list[str], conf_dir: Path, before_parts=None) -> int:
+    """Raise ConfigError for the first bad trial; return how many configs were checked.
+    ``before_parts(cfg, typed)``: called for a command that runs one job, once its config and
+    its training function passed their checks, before the costly trial of the user's parts
+    (the CLI starts Ray then)."""
     split = split_command_line(argv)
     if split is None:
         return 0
@@ -94,13 +98,20 @@ def check_command_line(argv: list[str], conf_dir: Path) -> int:
             to_typed(cfg)  # its errors name the values as the user gave them
             resolve_paths(cfg, Path.cwd())  # as launch will: its checks are these (once.py)
             typed = to_typed(cfg)
-            training = check_trainer(cfg, typed, checked)
+            starts = partial(before_parts, cfg, typed) if before_parts is not None and \
+                not multirun and runs_a_job(argv) else None
+            training = check_trainer(cfg, typed, checked, starts)
             if metric is not None:  # every trial must report it: the search compares them
                 check_metric(metric, training.metrics, typed.data.task)
     return len(trials)
 
 
-def check_trainer(cfg, typed, checked: dict[str, Training]) -> Training:
+def runs_a_job(argv: list[str]) -> bool:
+    """Not a command that only shows its config (--cfg) or reruns a pickled one."""
+    return not any(a.split("=", 1)[0] in ("-c", "--cfg", "--experimental-rerun") for a in argv)
+
+
+def check_trainer(cfg, typed, checked: dict[str, Training], before_trial=None) -> Training:
     """The training function's checks (its schema; its framework judges its parameters; a
     trial of the user's parts), once per distinct trainer and data config, so that no trial
     of a sweep fails on input after others started."""
@@ -117,7 +128,7 @@ def check_trainer(cfg, typed, checked: dict[str, Training]) -> Training:
     data = OmegaConf.to_container(cfg.data, resolve=True)
     key = json.dumps([trainer, data, typed.cluster.gpus_per_worker], sort_keys=True, default=str)
     if key not in checked:
-        checked[key] = check_training(trainer, data)
+        checked[key] = check_training(trainer, data, before_trial)
         check_cluster(checked[key].backend, typed.cluster.gpus_per_worker)
     return checked[key]
 

@@ -1,6 +1,7 @@
 """What Ray Train sets up around a training function, by name (``trainer.backend``).
 
-Each backend is one of Ray Train's own BackendConfig classes, named here by import path and
+Each backend is one of Ray Train's BackendConfig classes (torch's: Ray's, without torch in the
+controller, orchestrator/ray_internals/torch_backend.py), named here by import path and
 imported only when a run uses it: the core imports no framework (torch elastic registers its
 rendezvous backends the same way).
 """
@@ -44,15 +45,17 @@ def torch_options(process_group: str | None):
 # up to 30 s (Ray's default) for all of them: a hung worker never answers, and the workers are
 # killed right after anyway. Healthy ones leave in milliseconds.
 TORCH_CONTROLLER_ENV = {"TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": "2"}
+# Ray's TorchConfig, less the import of torch in the controller's process.
+TORCH_CONFIG = "orchestrator.ray_internals.torch_backend:TorchProcessGroupConfig"
 # Keras 3 fails under MultiWorkerMirroredStrategy; tf-keras (Keras 2) works, and must be chosen
 # before tensorflow is first imported in the worker.
 TF_WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 BACKENDS: dict[str, Backend] = {
     b.name: b for b in [
-        Backend("torch", "ray.train.torch:TorchConfig", torch_options(None), TORCH_CONTROLLER_ENV),
-        Backend("gloo", "ray.train.torch:TorchConfig", torch_options("gloo"), TORCH_CONTROLLER_ENV),
-        Backend("nccl", "ray.train.torch:TorchConfig", torch_options("nccl"), TORCH_CONTROLLER_ENV),
+        Backend("torch", TORCH_CONFIG, torch_options(None), TORCH_CONTROLLER_ENV),
+        Backend("gloo", TORCH_CONFIG, torch_options("gloo"), TORCH_CONTROLLER_ENV),
+        Backend("nccl", TORCH_CONFIG, torch_options("nccl"), TORCH_CONTROLLER_ENV),
         Backend("tensorflow", "ray.train.tensorflow:TensorflowConfig", worker_env=TF_WORKER_ENV),
         Backend("xgboost", "ray.train.xgboost:XGBoostConfig"),
         Backend("lightgbm", "ray.train.lightgbm:LightGBMConfig"),

@@ -28,12 +28,12 @@ from orchestrator.driver.ray_session import RaySession
 from orchestrator.driver.record import RunRecord, redact
 from orchestrator.driver.recorder import FaultReporter, start_recorder
 from orchestrator.driver.run_plan import RunPlan, complete_data, make_plan
-from orchestrator.driver.scaling import elastic_controller_env, scaling_kwargs
+from orchestrator.driver.scaling import scaling_kwargs
+from orchestrator.driver.session_start import session_env, session_for
 from orchestrator.errors import ConfigError, print_error
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
 from orchestrator.ray_internals.train_hooks import (
-    controller_env,
     hooks_missing,
     interrupted_by_ctrl_c,
     without_autoscaling_requests,
@@ -90,11 +90,9 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     cfg, record_path = run.cfg, output_dir / "run.json"
     winding_down = DeferredInterrupt()  # armed once fit() returns (orchestrator/driver/interrupts.py)
     try:
-        # An elastic job gives up on a placement group Ray's stale view promised after the hang
-        # timeout, not 60 s (orchestrator/driver/scaling.py: a partitioned node's CPUs look free).
-        env = {**controller_env(cfg.failure.hang_timeout_s, run.training.backend),
-               **elastic_controller_env(cfg.cluster, cfg.failure.hang_timeout_s)}
-        with RaySession(cfg.cluster, env, cfg.log.ray_verbose) as session:
+        # Started by the CLI beside its checks when it could (orchestrator/driver/session_start.py).
+        env = session_env(cfg, run.training.backend)
+        with session_for(cfg.cluster, env, cfg.log.ray_verbose) as session:
             # Shared storage (orchestrator/storage/probe.py): on a joined cluster every node
             # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
             # the marker lets each worker check its own node, nodes joining later included.

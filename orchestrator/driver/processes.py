@@ -62,3 +62,18 @@ def stop_leftovers(procs: list[Process], grace_s: float) -> list[Process]:
         except ProcessLookupError:
             pass
     return left
+
+
+def kill_descendants(settle_s: float = 0.2, rounds: int = 10) -> None:
+    """SIGKILL every process below this one, again until none is left (a dying Ray may have
+    started another meanwhile), for a command that exits before it used them."""
+    for _ in range(rounds):
+        found = [p for p in descendants(os.getpid()) if running(p)]  # not the zombies
+        if not found:
+            return
+        for pid, _ in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(settle_s)

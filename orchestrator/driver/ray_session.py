@@ -6,13 +6,14 @@ import logging
 import os
 import socket
 import stat
+import threading
 from pathlib import Path
 
 import ray
 
 from orchestrator.config.schema import ClusterConfig
 from orchestrator.driver.interrupts import DeferredInterrupt
-from orchestrator.driver.processes import descendants, stop_leftovers
+from orchestrator.driver.processes import descendants, kill_descendants, stop_leftovers
 from orchestrator.errors import ConfigError
 from orchestrator.observe.logs import quiet_ray_loggers, ray_init_kwargs
 from orchestrator.ray_internals.cluster import (
@@ -103,8 +104,53 @@ class RaySession:
         self.joined = cluster.address is not None
         self.reused = False
         self.interrupted = False  # a Ctrl-C came while Ray was shutting down
+        self._started: threading.Event | None = None  # set when the background start ends
+        self._closed = threading.Event()
+        self._start_error: BaseException | None = None
+
+    def start_in_background(self) -> None:
+        """ray.init in a thread: what the command checks meanwhile (the user's parts: torch's
+        import and a tiny step, ~2 s) overlaps Ray's start (~4 s, mostly waiting for its
+        processes). ``with`` then waits for it. The thread lives until the session ends: Ray
+        asks the kernel to kill the processes it starts when the thread that started them
+        ends (PR_SET_PDEATHSIG follows the thread, not the process)."""
+        started = self._started = threading.Event()
+
+        def start() -> None:
+            try:
+                self._open()
+            except BaseException as exc:  # noqa: BLE001  (raised by __enter__ in the main thread)
+                self._start_error = exc
+            started.set()
+            self._closed.wait()
+
+        threading.Thread(target=start, name="ray-start", daemon=True).start()
+
+    def abandon(self) -> None:
+        """The command ends before it used the session it started in the background (its input
+        was bad). An embedded cluster's processes are killed at once, started or still
+        starting: nothing ran on them, and waiting for Ray's start and shutdown would hold the
+        command's exit ~5 s after its error line. A joined cluster's connection is closed."""
+        if self._started is None:
+            return
+        if self.joined:
+            self._started.wait()
+            if self._start_error is None:
+                self.__exit__(None, None, None)
+        else:
+            kill_descendants()
+        self._closed.set()
 
     def __enter__(self) -> RaySession:
+        if self._started is not None:
+            self._started.wait()
+            if self._start_error is not None:
+                self._closed.set()
+                raise self._start_error
+            return self
+        return self._open()
+
+    def _open(self) -> RaySession:
         c = self.cluster
         if ray.is_initialized():  # a sweep's trial: the sweep's session serves every trial
             self.reused = True
@@ -157,6 +203,7 @@ class RaySession:
             ours = [] if self.joined else descendants(os.getpid())
             ray.shutdown()
             stop_leftovers(ours, LEFTOVER_GRACE_S)
+        self._closed.set()  # the background start's thread may end now
         self.interrupted = guard.seen
 
     @staticmethod

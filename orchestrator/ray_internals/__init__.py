@@ -6,7 +6,9 @@
   handler) and the controller's settings made of knobs.py's environment variables;
 - pg_cleaner.py: Ray Train's placement-group cleaner, subclassed to pin it to its cluster;
 - scaling.py: Ray Train's fixed-size scaling policy without autoscaler requests (an embedded
-  cluster has no autoscaler).
+  cluster has no autoscaler);
+- torch_backend.py: Ray Train's torch backend, its worker-side functions called without torch
+  in the controller's process.
 
 tests/test_ray_internals.py checks each against the installed Ray (not a stand-in), so a
 Ray upgrade that renames one fails there, naming it.

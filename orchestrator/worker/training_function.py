@@ -66,15 +66,19 @@ def check_signature(fn: Callable, path: str) -> None:
                           "called as fn(ctx, cfg)") from None
 
 
-def check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None = None) -> Training:
+def check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None = None,
+                   before_trial: Callable[[], None] | None = None) -> Training:
     """The function, its backend, and its config checked against the schema it declares, then
     by its own check (which sees what the function will: {"trainer": ..., "data": ...}).
-    Once per command: the preflight's answer is the launch's (orchestrator/config/once.py)."""
+    Once per command: the preflight's answer is the launch's (orchestrator/config/once.py).
+    ``before_trial()``: called once the function and its config passed, before its own check
+    (a trial of the user's parts, the costly part: the CLI starts Ray beside it)."""
     return decided_once("training", [dict(trainer), dict(data or {})],
-                        lambda: _check_training(trainer, data))
+                        lambda: _check_training(trainer, data, before_trial))
 
 
-def _check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None) -> Training:
+def _check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None,
+                    before_trial: Callable[[], None] | None = None) -> Training:
     path = trainer.get("fn")
     if not isinstance(path, str) or not path.strip():
         raise ConfigError("trainer.fn: a value is required: the import path of your training "
@@ -86,6 +90,8 @@ def _check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None) 
     check_signature(fn, path)
     info = training_info(fn)
     config = validated(dict(trainer), info.config)
+    if before_trial is not None:
+        before_trial()
     metrics = None
     if info.check is not None and not parts_tried():  # once per command (config/once.py)
         metrics = declared_metrics(info.check({"trainer": config, "data": dict(data or {})}), path)

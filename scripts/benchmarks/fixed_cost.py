@@ -75,6 +75,9 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     for name in args.fixed_variants:
         overrides, env = VARIANTS[name]
         sides[f"orchestrator_{name}"] = orchestrated(f"orchestrator_{name}", overrides, env)
+    if getattr(args, "fixed_tree", None):  # an older checkout's driver, side by side
+        sides["orchestrator_tree"] = orchestrated(
+            "orchestrator_tree", [], {"PYTHONSAFEPATH": "1", "PYTHONPATH": args.fixed_tree})
     head = None
     if args.fixed_warm:  # the second command: a cluster already running (`ray start --head`)
         from scripts.local_cluster import start_head

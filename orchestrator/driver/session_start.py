@@ -1,0 +1,71 @@
+"""A plain command's Ray session, started beside the checks of the user's parts.
+
+The CLI checks every config before Hydra starts the run (orchestrator/config/preflight.py);
+for one run the costly check is the trial of the user's parts (building them, a tiny step:
+~1-2 s), while Ray's start (~4 s on 2 cores) mostly waits for its processes. So Ray starts in
+a background thread once the config and the training function passed their checks, just
+before that trial, and the launch takes that session (scripts/bench.py fixed_cost: a cold
+command 2.3 s sooner, with the torch-free controller). A check that fails still prints its
+line at once; the command then kills what Ray started and exits 2 (~0.5 s later than it
+did). A sweep starts its own session (orchestrator/sweep/runner.py), after checking every
+trial; a command that only shows its config starts none.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig
+
+from orchestrator.config.schema import ClusterConfig, Config
+from orchestrator.driver.backends import Backend, backend_named
+from orchestrator.driver.ray_session import RaySession
+from orchestrator.driver.scaling import elastic_controller_env
+from orchestrator.errors import ConfigError
+from orchestrator.ray_internals.train_hooks import controller_env
+
+log = logging.getLogger("orchestrator")
+
+_early: tuple[tuple, RaySession] | None = None  # (what it was started with, the session)
+
+
+def session_env(cfg: Config, backend: Backend) -> dict[str, str]:
+    """The environment of the run's Ray Train processes: Ray Train's knobs for its controller.
+    An elastic job gives up on a placement group Ray's stale view promised after the hang
+    timeout, not 60 s (orchestrator/driver/scaling.py: a partitioned node's CPUs look free)."""
+    return {**controller_env(cfg.failure.hang_timeout_s, backend),
+            **elastic_controller_env(cfg.cluster, cfg.failure.hang_timeout_s)}
+
+
+def start_early(cfg_node: DictConfig, cfg: Config) -> None:
+    """Start the run's session in the background (the CLI, for a plain command)."""
+    global _early
+    try:
+        backend = backend_named(str(cfg_node.trainer.get("backend", "torch")))
+    except ConfigError:
+        return  # said by the checks that follow
+    args = (cfg.cluster, session_env(cfg, backend), cfg.log.ray_verbose)
+    session = RaySession(*args)
+    session.start_in_background()
+    _early = (args, session)
+
+
+def session_for(cluster: ClusterConfig, env: dict[str, str], verbose: bool) -> RaySession:
+    """The session started early for these settings, else a new one (``with`` starts it)."""
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        if early[0] == (cluster, env, verbose):
+            return early[1]
+        early[1].abandon()  # settings changed since (never seen): start as asked
+    return RaySession(cluster, env, verbose)
+
+
+def abandon_early() -> bool:
+    """The command ends before its run took the session (bad input, Ctrl-C): stop what Ray
+    started; whether there was such a session."""
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        early[1].abandon()
+    return early is not None
