@@ -130,7 +130,6 @@ def test_ray_starts_beside_the_trial_of_the_parts_only_for_a_command_that_runs_o
 
 
 def test_the_run_takes_the_session_started_for_its_settings_and_stops_any_other(monkeypatch):
-    from orchestrator.config.schema import ClusterConfig
     from orchestrator.driver import session_start
     from orchestrator.driver.ray_session import RaySession
 
