@@ -319,3 +319,34 @@ def test_the_torch_backend_leaves_torch_out_of_the_controller_and_calls_rays_own
     assert callable(_set_torch_distributed_env_vars)
     assert callable(TorchConfigContextManager.__enter__) and TorchProcessGroup.has_replica_groups \
         == TorchConfig().backend_cls.has_replica_groups
+
+
+def test_the_monitor_killed_before_shutdown_is_found_where_ray_keeps_its_processes(monkeypatch):
+    """Ray's node keeps its processes as services.ProcessInfo tuples by type; the monitor's
+    is killed (here a stand-in node holding a real process), others are left to Ray."""
+    import subprocess
+    import sys
+
+    from ray._private import ray_constants, services, worker
+    from ray._private.node import Node
+
+    from orchestrator.ray_internals.cluster import stop_autoscaler_monitor
+
+    assert "process" in services.ProcessInfo._fields
+    assert "self.all_processes" in inspect.getsource(Node.__init__)
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+                for _ in range(2)]
+    def info(process):
+        return services.ProcessInfo(process, *[None] * (len(services.ProcessInfo._fields) - 1))
+
+    node = type("Node", (), {"all_processes": {
+        ray_constants.PROCESS_TYPE_MONITOR: [info(sleepers[0])],
+        ray_constants.PROCESS_TYPE_RAYLET: [info(sleepers[1])]}})()
+    monkeypatch.setattr(worker, "_global_node", node)
+    try:
+        stop_autoscaler_monitor()
+        assert sleepers[0].poll() is not None and sleepers[1].poll() is None
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()

@@ -18,6 +18,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.observe.logs import quiet_ray_loggers, ray_init_kwargs
 from orchestrator.ray_internals.cluster import (
     CURRENT_CLUSTER_FILE,
+    stop_autoscaler_monitor,
     token_auth_enabled,
     token_location,
     use_token_auth_if_available,
@@ -201,6 +202,8 @@ class RaySession:
         # The shutdown runs to its end whatever the user presses (orchestrator/driver/interrupts.py).
         with DeferredInterrupt() as guard:
             ours = [] if self.joined else descendants(os.getpid())
+            if not self.joined:
+                stop_autoscaler_monitor()
             ray.shutdown()
             stop_leftovers(ours, LEFTOVER_GRACE_S)
         self._closed.set()  # the background start's thread may end now

@@ -1,7 +1,8 @@
 """Everything the orchestrator takes from Ray that Ray does not promise to keep, in one place:
 
-- cluster.py: Ray core's private state and token-auth helpers, and the file `ray start`
-  records its address in;
+- cluster.py: Ray core's private state and token-auth helpers, its node's table of the
+  processes it started (the autoscaler monitor, stopped before ray.shutdown()), and the file
+  `ray start` records its address in;
 - train_hooks.py: Ray Train's private trainer hooks (its default callbacks, its SIGINT
   handler) and the controller's settings made of knobs.py's environment variables;
 - pg_cleaner.py: Ray Train's placement-group cleaner, subclassed to pin it to its cluster;
