@@ -71,16 +71,25 @@ def stop_leftovers(procs: list[Process], grace_s: float) -> list[Process]:
     return left
 
 
-def kill_descendants(settle_s: float = 0.2, rounds: int = 10) -> None:
-    """SIGKILL every process below this one, again until none is left (a dying Ray may have
-    started another meanwhile), for a command that exits before it used them."""
+def kill_descendants(rounds: int = 50) -> None:
+    """Kill every process below this one, for a command that exits before it used them.
+    Each is stopped first (SIGSTOP), again until no new one appears: a stopped process starts
+    no other, and none is orphaned out of the tree (a raylet killed first left the dashboard
+    agent it was starting, reparented, running). Then all of them get SIGKILL."""
+    stopped: set[Process] = set()
     for _ in range(rounds):
-        found = [p for p in descendants(os.getpid()) if running(p)]  # not the zombies
+        found = [p for p in descendants(os.getpid()) if p not in stopped and running(p)]
         if not found:
-            return
-        for pid, _ in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(settle_s)
+            break
+        for proc in found:
+            _signal(proc[0], signal.SIGSTOP)
+            stopped.add(proc)
+    for pid, _ in stopped:
+        _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
