@@ -5,15 +5,14 @@ for one run the costly check is the trial of the user's parts (building them, a 
 ~1-2 s), while Ray's start (~4 s on 2 cores) mostly waits for its processes. So Ray starts in
 a background thread once the config and the training function passed their checks, just
 before that trial, and the launch takes that session (scripts/bench.py fixed_cost: a cold
-command 2.3 s sooner, with the torch-free controller). A check that fails still prints its
+command 16.1 s vs 19.4 s, with the torch-free controller;
+results/2026-11-26-fixed_cost-early-start.json). A check that fails still prints its
 line at once; the command then kills what Ray started and exits 2 (~0.5 s later than it
 did). A sweep starts its own session (orchestrator/sweep/runner.py), after checking every
 trial; a command that only shows its config starts none.
 """
 
 from __future__ import annotations
-
-import logging
 
 from omegaconf import DictConfig
 
@@ -23,8 +22,6 @@ from orchestrator.driver.ray_session import RaySession
 from orchestrator.driver.scaling import elastic_controller_env
 from orchestrator.errors import ConfigError
 from orchestrator.ray_internals.train_hooks import controller_env
-
-log = logging.getLogger("orchestrator")
 
 _early: tuple[tuple, RaySession] | None = None  # (what it was started with, the session)
 
