@@ -92,6 +92,10 @@ class SeaweedS3:
              f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
              f"-filer.port={self.ports['filer']}", "-master.volumeSizeLimitMB=256",
              f"-volume.max={self.volumes}",
+             # It turns every volume read-only below 1% free disk by default (2.5 GB of a
+             # 256 GB disk): a full test machine's S3 failed writes with a 500 while Ray
+             # and pytest still had room. A fixed margin says "the disk is full" instead.
+             "-volume.minFreeSpace=256MiB",
              # Its Iceberg and Lance catalogs listen on fixed ports (8181, 9101): off, or a
              # second server on the machine (another test run) dies at start.
              "-s3.port.iceberg=0", "-s3.port.lance=0"],

@@ -111,6 +111,16 @@ def test_a_worker_on_a_node_without_the_marker_stops_with_the_reason(tmp_path):
     assert not list(tmp_path.rglob(PROBE_PREFIX + "*"))
 
 
+def test_a_store_that_refuses_the_marker_is_one_line_naming_storage_uri(tmp_path):
+    """The driver's marker is its first write to the run's folder: a store that refuses it
+    (full, failing: SeaweedFS answers 500 on a full disk) stops the command with one line, not
+    a traceback (CI found it as an exit 1 with Hydra's trace)."""
+    (tmp_path / "ckpt").write_text("a file where the run's folder must go")
+    with pytest.raises(ConfigError, match=r"^storage.uri='/runs': cannot write there \(.+\)$"):
+        leave_marker(StorageSpec(str(tmp_path / "ckpt" / "run")), shown_uri="/runs")
+    assert (tmp_path / "ckpt").read_text().startswith("a file")  # nothing touched
+
+
 def test_a_worker_that_reaches_no_store_waits_out_an_outage_then_says_so(monkeypatch):
     """A store that does not answer (a restart during an outage) is not a node of its own:
     the worker waits, then stops the run (not retried) saying the store cannot be reached."""

@@ -93,6 +93,11 @@ def probe_path(fs: pafs.FileSystem, path: str, name: str) -> str:
     return str(folder / name)
 
 
+def scrubbed(storage: StorageSpec, exc: BaseException) -> str:
+    """An error's text without the storage's secrets."""
+    return storage.credentials.scrub(str(exc)) if storage.credentials else str(exc)
+
+
 def reads_back(storage: StorageSpec, path: str, content: bytes) -> str | None:
     """None if ``path`` holds ``content`` as seen from here, else why not (one short phrase)."""
     try:
@@ -102,7 +107,7 @@ def reads_back(storage: StorageSpec, path: str, content: bytes) -> str | None:
     except FileNotFoundError:
         return "no such file there"
     except OSError as exc:
-        text = storage.credentials.scrub(str(exc)) if storage.credentials else str(exc)
+        text = scrubbed(storage, exc)
         if any(marker in text for marker in UNREACHABLE):
             return f"{NOTHING_ANSWERS} {storage.endpoint or 'the S3 endpoint'}"
         return (text.strip().splitlines() or [type(exc).__name__])[0][:160]
@@ -133,8 +138,8 @@ def check_shared_storage(storage: StorageSpec, timeout_s: float = ANSWER_TIMEOUT
         with fs.open_output_stream(probe.path) as f:
             f.write(probe.content)
     except OSError as exc:
-        raise ConfigError(f"storage.uri={storage.uri!r}: cannot write there "
-                          f"({one_line(exc)[:200]})") from None
+        raise ConfigError(f"storage.uri={shown_uri or storage.uri!r}: cannot write there "
+                          f"({one_line(scrubbed(storage, exc))[:200]})") from None
     try:
         answers = ask_nodes(nodes, probe, timeout_s)
     finally:
@@ -190,14 +195,19 @@ def judge(storage: StorageSpec, count: int, answers: dict[str, str | None],
 
 # -- nodes that join later: checked by each worker ------------------------------------------
 
-def leave_marker(run_storage: StorageSpec) -> StorageMarker:
+def leave_marker(run_storage: StorageSpec, shown_uri: str | None = None) -> StorageMarker:
     """Written by the driver once every check passed (the run starts now); each worker reads
-    it back on its own node."""
+    it back on its own node. A store that refuses the write (full, failing, read-only) is one
+    line before any worker starts, as for the probe: the run could not checkpoint there."""
     fs, root = _filesystem(run_storage)
     marker = StorageMarker(run_storage, f"run storage marker {secrets.token_hex(8)}".encode())
-    fs.create_dir(root, recursive=True)
-    with fs.open_output_stream(join(root, MARKER)) as f:
-        f.write(marker.content)
+    try:
+        fs.create_dir(root, recursive=True)
+        with fs.open_output_stream(join(root, MARKER)) as f:
+            f.write(marker.content)
+    except OSError as exc:
+        raise ConfigError(f"storage.uri={shown_uri or run_storage.uri!r}: cannot write there "
+                          f"({one_line(scrubbed(run_storage, exc))[:200]})") from None
     return marker
 
 
@@ -238,7 +248,7 @@ def check_cluster_storage(plan: RunPlan, joined: bool) -> StorageMarker | None:
         if plan.created_bucket:
             remove_created_bucket(plan.run_storage)
         raise
-    return leave_marker(plan.run_storage)
+    return leave_marker(plan.run_storage, shown_uri=plan.run_storage.uri.rsplit("/", 1)[0])
 
 
 def remove_created_bucket(storage: StorageSpec) -> None:
