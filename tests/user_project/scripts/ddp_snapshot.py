@@ -13,6 +13,7 @@ while FILE exists. On SIGTERM every rank stops after the epoch it is in and rank
 import argparse
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -120,6 +121,12 @@ def main():
     Trainer(model, data, optimizer, args.save_every, args.snapshot_path, args).train(
         args.total_epochs)
     dist.destroy_process_group()
+    # torch 2.13 on gloo aborts now and then in its C++ teardown at interpreter exit, after
+    # everything is done ("terminate called without an active exception", SIGABRT: 5 of 40
+    # runs under plain torchrun here, rank 1 each time, none of 30 with this exit). The tests
+    # are about what comes before; a script that keeps the abort is restarted, see script.md.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
