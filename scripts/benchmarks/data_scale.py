@@ -122,6 +122,7 @@ def read_rates(data: Path, repeats: int = 5) -> dict:
     import pyarrow.parquet as pq
 
     from orchestrator.config.schema import DataConfig
+    from orchestrator.data import stream_reader
     from orchestrator.data.streaming import plan_stream
     from orchestrator.storage.location import StorageSpec
 
@@ -142,17 +143,31 @@ def read_rates(data: Path, repeats: int = 5) -> dict:
         stream = plan.rank_stream(order, 0, 2)
         return sum(len(ids) for ids, _, _ in stream.steps(0, order.steps_per_epoch))
 
+    def ours_numpy() -> int:  # the decode without its compiled part (no C compiler at install)
+        compiled, stream_reader.rows_from_columns = stream_reader.rows_from_columns, None
+        try:
+            return ours()
+        finally:
+            stream_reader.rows_from_columns = compiled
+
     rows = 0
     times: dict[str, list[float]] = {"bare_pyarrow_s": [], "orchestrator_s": []}
     sides = {"bare_pyarrow_s": bare, "orchestrator_s": ours}
+    if stream_reader.rows_from_columns is not None:
+        times["orchestrator_numpy_decode_s"] = []
+        sides["orchestrator_numpy_decode_s"] = ours_numpy
     for repeat in range(repeats):
         for name in order_for(repeat, list(times)):
             started = time.perf_counter()
             rows = sides[name]() or rows
             times[name].append(round(time.perf_counter() - started, 3))
     bare_s, ours_s = median(times["bare_pyarrow_s"]), median(times["orchestrator_s"])
-    return {"rows": rows, "bare_pyarrow_s": bare_s, "orchestrator_s": ours_s,
-            "ratio": ratio(bare_s, ours_s), "each": times}
+    result = {"rows": rows, "bare_pyarrow_s": bare_s, "orchestrator_s": ours_s,
+              "ratio": ratio(bare_s, ours_s), "each": times}
+    if "orchestrator_numpy_decode_s" in times:
+        numpy_s = median(times["orchestrator_numpy_decode_s"])
+        result.update(orchestrator_numpy_decode_s=numpy_s, ratio_numpy_decode=ratio(bare_s, numpy_s))
+    return result
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
@@ -161,7 +176,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     datasets = {gib: write_dataset(Path(args.data_dir or work) / f"data-{gib:g}gib", gib)
                 for gib in sizes}
     if args.data_parts == ["reads"]:  # the reader alone, against a bare pyarrow read
-        reads = read_rates(datasets[small])
+        reads = read_rates(datasets[small], repeats=max(5, args.repeats))
         return {"read_rates": reads, "figures": {
             "read_rate_over_bare_pyarrow": figure(reads["ratio"], Goal(">=", 0.8))}}
     if "torch" not in args.data_parts:
@@ -181,7 +196,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     rows = int((datasets[small] / "_done").read_text())
     epoch = int(rows * 0.8 / batch) - 2
     runs["stream_small_epoch"] = train(work, "stream_small_epoch", datasets[small], True, epoch, batch)
-    reads = read_rates(datasets[small])
+    reads = read_rates(datasets[small], repeats=max(5, args.repeats))
 
     def peak(name):
         return max(runs[name]["worker_peak_mib"]) if name in runs else None
