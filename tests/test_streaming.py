@@ -196,8 +196,25 @@ def test_the_compiled_decode_gives_numpys_bits(rows, columns):
                                 expected, *scale)
         assert compiled.flags.c_contiguous and compiled.dtype == np.float32
         assert np.array_equal(compiled.view(np.uint32), expected.view(np.uint32))
+        parts = [table.slice(0, rows // 3), table.slice(rows // 3)]  # a window's row groups
+        assert np.array_equal(stream_reader.row_major(parts, names, *scale).view(np.uint32),
+                              expected.view(np.uint32))
+        # the window's shuffle of its training rows, written where each row goes
+        picked = rng.permutation(rows)[: max(1, rows * 2 // 3)]
+        shuffled = stream_reader.row_major(parts, names, *scale, rows=picked)
+        assert np.array_equal(shuffled.view(np.uint32), expected[picked].view(np.uint32))
+        compiled_path = stream_reader.rows_from_columns
+        try:  # numpy's path gives the same rows
+            stream_reader.rows_from_columns = None
+            again = stream_reader.row_major(parts, names, *scale, rows=picked)
+        finally:
+            stream_reader.rows_from_columns = compiled_path
+        assert np.array_equal(again.view(np.uint32), shuffled.view(np.uint32))
     with pytest.raises(TypeError, match="float32"):
         stream_reader.rows_from_columns([np.zeros(3)], np.zeros((3, 1), np.float32), None, None)
+    with pytest.raises(ValueError, match="past the end"):  # never a write outside `out`
+        stream_reader.rows_from_columns([np.zeros(3, np.float32)], np.zeros((2, 1), np.float32),
+                                        None, None, np.array([0, 2, -1]))
     with pytest.raises(ValueError, match="different lengths"):
         stream_reader.rows_from_columns([np.zeros(3, np.float32), np.zeros(2, np.float32)],
                                         np.zeros((3, 2), np.float32), None, None)

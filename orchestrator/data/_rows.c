@@ -1,14 +1,16 @@
 /* Columns to rows: the streamed reader's decode (orchestrator/data/stream_reader.py).
  *
- * rows_from_columns(columns, out, mean, std) writes float32 columns (each a buffer of n
- * values) into `out`, a buffer of n * len(columns) float32 in row-major order, each value
+ * rows_from_columns(columns, out, mean, std, dest=None) writes float32 columns (each a buffer
+ * of n values) as rows of `out` (row-major float32, len(columns) values a row), each value
  * (v - mean[c]) / std[c] when mean and std are given (buffers of len(columns) float32, or
- * None). The same float32 operations, in the same order, as numpy's `x -= mean; x /= std`:
- * the two paths give the same bits (tests/test_streaming.py).
+ * None). Row r goes to row r of `out`, or with `dest` (n int64) to row dest[r], nowhere when
+ * dest[r] < 0: the window's shuffle and its held-out rows in the same pass, not a gather of a
+ * copy after it. The same float32 operations, in the same order, as numpy's
+ * `x -= mean; x /= std`: the two paths give the same bits (tests/test_streaming.py).
  *
  * Why compiled: numpy writes a column into rows one value at a time with a stride of the
- * row's width; here a tile of TILE rows stays in the L1 cache while every column lands in
- * it (about 3x faster), and the GIL is released, so the read threads go on meanwhile.
+ * row's width; here 4 rows of 4 columns are transposed in registers, and each row is whole
+ * while it is in the cache. The GIL is released, so the read threads go on meanwhile.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -17,7 +19,6 @@
 #include <xmmintrin.h>
 #endif
 
-#define TILE 16
 
 static int float32_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
@@ -31,6 +32,19 @@ static int float32_buffer(PyObject *obj, Py_buffer *view, int writable, const ch
     return 0;
 }
 
+typedef struct {
+    float *out;
+    Py_ssize_t ncols;
+    const long long *dest; /* NULL: row r to row r */
+    float *scratch;        /* where a row that goes nowhere is written */
+} Target;
+
+static inline float *row_of(const Target *t, Py_ssize_t r) {
+    if (t->dest == NULL)
+        return t->out + r * t->ncols;
+    return t->dest[r] < 0 ? t->scratch : t->out + t->dest[r] * t->ncols;
+}
+
 static inline void scale_row(float *row, Py_ssize_t from, Py_ssize_t to, const float *mean,
                              const float *std) {
     for (Py_ssize_t c = from; c < to; c++) {
@@ -39,30 +53,28 @@ static inline void scale_row(float *row, Py_ssize_t from, Py_ssize_t to, const f
     }
 }
 
-/* Rows r0..r1 (r1 - r0 <= TILE), columns c0..c1, one value at a time (the tails). */
-static void transpose_scalar(const float **cols, Py_ssize_t ncols, Py_ssize_t r0, Py_ssize_t r1,
-                             Py_ssize_t c0, Py_ssize_t c1, float *out, const float *mean,
-                             const float *std) {
-    for (Py_ssize_t c = c0; c < c1; c++) {
-        const float *src = cols[c] + r0;
-        float *dst = out + r0 * ncols + c;
-        for (Py_ssize_t r = r0; r < r1; r++, src++, dst += ncols)
-            *dst = *src;
+/* Rows r0..r1, columns c0..c1, one value at a time (the tails). */
+static void transpose_scalar(const float **cols, const Target *t, Py_ssize_t r0, Py_ssize_t r1,
+                             Py_ssize_t c0, Py_ssize_t c1, const float *mean, const float *std) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        float *row = row_of(t, r);
+        for (Py_ssize_t c = c0; c < c1; c++)
+            row[c] = cols[c][r];
+        if (mean != NULL)
+            scale_row(row, c0, c1, mean, std);
     }
-    if (mean != NULL)
-        for (Py_ssize_t r = r0; r < r1; r++)
-            scale_row(out + r * ncols, c0, c1, mean, std);
 }
 
-static void transpose(const float **cols, Py_ssize_t ncols, Py_ssize_t n, float *out,
-                      const float *mean, const float *std) {
-    Py_ssize_t whole_rows = n - n % 4, whole_cols = 0;
+static void transpose(const float **cols, const Target *t, Py_ssize_t n, const float *mean,
+                      const float *std) {
+    Py_ssize_t ncols = t->ncols, whole_rows = n - n % 4, whole_cols = 0;
 #if defined(__SSE2__)
     /* 4 rows of 4 columns at a time: four loads, a transpose in registers, the scaling on
        4 values at once, four stores; the same IEEE float32 operations as the scalar path */
     whole_cols = ncols - ncols % 4;
     for (Py_ssize_t r = 0; r < whole_rows; r += 4) {
-        float *row = out + r * ncols;
+        float *a_row = row_of(t, r), *b_row = row_of(t, r + 1);
+        float *d_row = row_of(t, r + 2), *e_row = row_of(t, r + 3);
         for (Py_ssize_t c = 0; c < whole_cols; c += 4) {
             __m128 a = _mm_loadu_ps(cols[c] + r), b = _mm_loadu_ps(cols[c + 1] + r);
             __m128 d = _mm_loadu_ps(cols[c + 2] + r), e = _mm_loadu_ps(cols[c + 3] + r);
@@ -74,23 +86,20 @@ static void transpose(const float **cols, Py_ssize_t ncols, Py_ssize_t n, float 
                 d = _mm_div_ps(_mm_sub_ps(d, m), s);
                 e = _mm_div_ps(_mm_sub_ps(e, m), s);
             }
-            _mm_storeu_ps(row + c, a);
-            _mm_storeu_ps(row + ncols + c, b);
-            _mm_storeu_ps(row + 2 * ncols + c, d);
-            _mm_storeu_ps(row + 3 * ncols + c, e);
+            _mm_storeu_ps(a_row + c, a);
+            _mm_storeu_ps(b_row + c, b);
+            _mm_storeu_ps(d_row + c, d);
+            _mm_storeu_ps(e_row + c, e);
         }
     }
 #endif
-    for (Py_ssize_t r0 = 0; r0 < whole_rows; r0 += TILE) {  /* the columns left over */
-        Py_ssize_t r1 = r0 + TILE < whole_rows ? r0 + TILE : whole_rows;
-        transpose_scalar(cols, ncols, r0, r1, whole_cols, ncols, out, mean, std);
-    }
-    transpose_scalar(cols, ncols, whole_rows, n, 0, ncols, out, mean, std);  /* the rows left */
+    transpose_scalar(cols, t, 0, whole_rows, whole_cols, ncols, mean, std); /* columns left */
+    transpose_scalar(cols, t, whole_rows, n, 0, ncols, mean, std);          /* rows left */
 }
 
 static PyObject *rows_from_columns(PyObject *self, PyObject *args) {
-    PyObject *columns, *out_obj, *mean_obj, *std_obj;
-    if (!PyArg_ParseTuple(args, "OOOO", &columns, &out_obj, &mean_obj, &std_obj))
+    PyObject *columns, *out_obj, *mean_obj, *std_obj, *dest_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOO|O", &columns, &out_obj, &mean_obj, &std_obj, &dest_obj))
         return NULL;
     PyObject *seq = PySequence_Fast(columns, "columns: a sequence of buffers");
     if (seq == NULL)
@@ -98,8 +107,9 @@ static PyObject *rows_from_columns(PyObject *self, PyObject *args) {
     Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
     Py_buffer *views = PyMem_Calloc(ncols ? ncols : 1, sizeof(Py_buffer));
     const float **cols = PyMem_Calloc(ncols ? ncols : 1, sizeof(float *));
-    Py_buffer out = {0}, mean = {0}, std = {0};
-    int have_out = 0, have_mean = 0, have_std = 0;
+    Py_buffer out = {0}, mean = {0}, std = {0}, dest = {0};
+    int have_out = 0, have_mean = 0, have_std = 0, have_dest = 0;
+    float *scratch = NULL;
     Py_ssize_t got = 0, n = -1;
     PyObject *result = NULL;
     if (views == NULL || cols == NULL) {
@@ -123,9 +133,32 @@ static PyObject *rows_from_columns(PyObject *self, PyObject *args) {
     if (float32_buffer(out_obj, &out, 1, "out") < 0)
         goto done;
     have_out = 1;
-    if (out.len / 4 != n * ncols) {
-        PyErr_SetString(PyExc_ValueError, "out: rows * columns values are needed");
+    Py_ssize_t out_rows = ncols ? out.len / 4 / ncols : 0;
+    if (dest_obj == Py_None ? out.len / 4 != n * ncols : out.len / 4 != out_rows * ncols) {
+        PyErr_SetString(PyExc_ValueError, "out: whole rows of len(columns) values are needed");
         goto done;
+    }
+    if (dest_obj != Py_None) {
+        if (PyObject_GetBuffer(dest_obj, &dest, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto done;
+        have_dest = 1;
+        if (dest.itemsize != 8 || dest.format == NULL ||
+            (strcmp(dest.format, "l") != 0 && strcmp(dest.format, "q") != 0) ||
+            dest.len / 8 != n) {
+            PyErr_SetString(PyExc_TypeError, "dest: an int64 buffer of one value per row");
+            goto done;
+        }
+        const long long *d = (const long long *)dest.buf;
+        for (Py_ssize_t r = 0; r < n; r++)
+            if (d[r] >= out_rows) {  /* a row past the end would write outside `out` */
+                PyErr_SetString(PyExc_ValueError, "dest: a row past the end of out");
+                goto done;
+            }
+        scratch = PyMem_Malloc((ncols ? ncols : 1) * sizeof(float));
+        if (scratch == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
     }
     if ((mean_obj == Py_None) != (std_obj == Py_None)) {
         PyErr_SetString(PyExc_ValueError, "mean and std: both or neither");
@@ -143,8 +176,10 @@ static PyObject *rows_from_columns(PyObject *self, PyObject *args) {
             goto done;
         }
     }
+    Target target = {(float *)out.buf, ncols, have_dest ? (const long long *)dest.buf : NULL,
+                     scratch};
     Py_BEGIN_ALLOW_THREADS
-    transpose(cols, ncols, n, (float *)out.buf, have_mean ? (const float *)mean.buf : NULL,
+    transpose(cols, &target, n, have_mean ? (const float *)mean.buf : NULL,
               have_std ? (const float *)std.buf : NULL);
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
@@ -158,6 +193,9 @@ done:
         PyBuffer_Release(&mean);
     if (have_std)
         PyBuffer_Release(&std);
+    if (have_dest)
+        PyBuffer_Release(&dest);
+    PyMem_Free(scratch);
     PyMem_Free(views);
     PyMem_Free(cols);
     Py_DECREF(seq);
@@ -166,8 +204,9 @@ done:
 
 static PyMethodDef methods[] = {
     {"rows_from_columns", rows_from_columns, METH_VARARGS,
-     "rows_from_columns(columns, out, mean, std): float32 columns into row-major `out`, "
-     "each value (v - mean[c]) / std[c] when mean and std are given."},
+     "rows_from_columns(columns, out, mean, std, dest=None): float32 columns into rows of "
+     "`out` (row r to row dest[r], none when negative), each value (v - mean[c]) / std[c] "
+     "when mean and std are given."},
     {NULL, NULL, 0, NULL},
 };
 

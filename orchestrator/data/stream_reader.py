@@ -37,13 +37,17 @@ class Decoding:
     mean: np.ndarray | None  # feature scaling from a sample of the training rows
     std: np.ndarray | None
 
-    def decode(self, table: pa.Table, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(features, labels) of the table's rows ``rows``, in that order (all of them when
-        None): features row-major float32, scaled; labels class indices or float32."""
-        x = row_major(table, self.features, self.mean, self.std)
-        labels = table[self.label].to_numpy(zero_copy_only=False)
-        if rows is not None:  # a gather of whole rows: cheaper than Arrow's take of each column
-            x, labels = np.take(x, rows, axis=0), labels[rows]
+    def decode(self, tables: pa.Table | list[pa.Table],
+               rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(features, labels) of the tables' rows one after the other, then ``rows`` of them
+        in that order (all of them when None): features row-major float32, scaled; labels
+        class indices or float32. Several tables (a window's row groups) go straight into
+        one array, not concatenated first (a copy of every column)."""
+        tables = [tables] if isinstance(tables, pa.Table) else tables
+        x = row_major(tables, self.features, self.mean, self.std, rows)
+        labels = np.concatenate([t[self.label].to_numpy(zero_copy_only=False) for t in tables])
+        if rows is not None:
+            labels = labels[rows]
         if self.classes is None:
             return x, labels.astype(np.float32)
         return x, np.searchsorted(np.asarray(self.classes), labels).astype(np.int64)
@@ -53,16 +57,36 @@ READ_AHEAD = 2  # windows read ahead per shard (one keeps only one core busy: 0.
 BLOCK_ROWS = 16384  # 4 MiB of 64 float32 features: stays in the cache while its columns land
 
 
-def row_major(table: pa.Table, names, mean: np.ndarray | None = None,
-              std: np.ndarray | None = None) -> np.ndarray:
-    """The columns as one (rows, columns) float32 array, scaled by (mean, std) when given."""
-    columns = [table[name].to_numpy(zero_copy_only=False) for name in names]
-    x = np.empty((table.num_rows, len(columns)), dtype=np.float32)
-    if rows_from_columns is not None:  # compiled: the same bits, in ~60% of the time
-        rows_from_columns([np.ascontiguousarray(c, dtype=np.float32) for c in columns], x,
-                          mean, std)
-    else:
-        fill_rows(columns, x, mean, std)
+def row_major(tables: pa.Table | list[pa.Table], names, mean: np.ndarray | None = None,
+              std: np.ndarray | None = None, rows: np.ndarray | None = None) -> np.ndarray:
+    """The tables' columns as one (rows, columns) float32 array, the tables' rows one after
+    the other, scaled by (mean, std) when given; then only ``rows`` of them (distinct row
+    numbers), in that order: compiled, each row lands there at once (no copy to gather)."""
+    tables = [tables] if isinstance(tables, pa.Table) else tables
+    total = sum(t.num_rows for t in tables)
+    x = np.empty((total if rows is None else len(rows), len(names)), dtype=np.float32)
+    if rows_from_columns is None:  # numpy's blocks, then a gather of whole rows
+        whole = x if rows is None else np.empty((total, len(names)), dtype=np.float32)
+        start = 0
+        for table in tables:
+            columns = [table[name].to_numpy(zero_copy_only=False) for name in names]
+            fill_rows(columns, whole[start:start + table.num_rows], mean, std)
+            start += table.num_rows
+        return x if rows is None else np.take(whole, rows, axis=0)
+    dest = None
+    if rows is not None:  # where each row goes; held-out rows go nowhere (-1)
+        dest = np.full(total, -1, dtype=np.int64)
+        dest[rows] = np.arange(len(rows))
+    start = 0
+    for table in tables:
+        end = start + table.num_rows
+        columns = [np.ascontiguousarray(table[name].to_numpy(zero_copy_only=False),
+                                        dtype=np.float32) for name in names]
+        if dest is None:
+            rows_from_columns(columns, x[start:end], mean, std)
+        else:
+            rows_from_columns(columns, x, mean, std, dest[start:end])
+        start = end
     return x
 
 
@@ -143,7 +167,7 @@ class ShardCursor:
         offsets = np.cumsum([0, *(t.num_rows for t in tables[:-1])])
         kept = np.concatenate([np.flatnonzero(self.order.train_mask(g)) + offset
                                for g, offset in zip(window.groups, offsets, strict=True)])
-        x, y = self.reader.decoding.decode(pa.concat_tables(tables), kept[perm])
+        x, y = self.reader.decoding.decode(tables, kept[perm])
         return ids, x, y
 
     def _needed(self, window: tuple[int, int], first_row: int) -> bool:
