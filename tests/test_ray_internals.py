@@ -350,3 +350,36 @@ def test_the_monitor_killed_before_shutdown_is_found_where_ray_keeps_its_process
         for p in sleepers:
             p.kill()
             p.wait()
+
+
+def test_a_thread_closed_to_rays_process_starts_starts_none_and_others_still_do():
+    """A command that abandons the Ray it was starting in a thread closes that thread to
+    Ray's process starts before it kills the tree: the thread's next start raises instead of
+    leaving a process the kill did not see; every other thread still starts Ray's processes.
+    ray.init starts each of its processes through the function this replaces."""
+    import threading
+
+    from ray._private import node as ray_node
+    from ray._private import services
+
+    from orchestrator.ray_internals import process_starts
+
+    assert process_starts.installed()
+    assert "start_ray_process(" in inspect.getsource(services.start_gcs_server)
+    assert "start_raylet(" in inspect.getsource(ray_node.Node.start_raylet)
+    seen = {}
+
+    def closed_thread() -> None:
+        try:
+            services.start_ray_process(["true"], "test", fate_share=False)
+            seen["started"] = True
+        except process_starts.StartsClosed:
+            seen["refused"] = True
+
+    thread = threading.Thread(target=closed_thread)
+    process_starts.close_starts(thread)
+    thread.start()
+    thread.join()
+    assert seen == {"refused": True}
+    started = services.start_ray_process(["true"], "test", fate_share=False)
+    assert started.process.wait(timeout=30) == 0

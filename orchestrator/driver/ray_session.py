@@ -23,6 +23,7 @@ from orchestrator.ray_internals.cluster import (
     token_location,
     use_token_auth_if_available,
 )
+from orchestrator.ray_internals.process_starts import close_starts
 
 log = logging.getLogger("orchestrator")
 
@@ -106,6 +107,7 @@ class RaySession:
         self.reused = False
         self.interrupted = False  # a Ctrl-C came while Ray was shutting down
         self._started: threading.Event | None = None  # set when the background start ends
+        self._thread: threading.Thread | None = None
         self._closed = threading.Event()
         self._start_error: BaseException | None = None
 
@@ -125,7 +127,8 @@ class RaySession:
             started.set()
             self._closed.wait()
 
-        threading.Thread(target=start, name="ray-start", daemon=True).start()
+        self._thread = threading.Thread(target=start, name="ray-start", daemon=True)
+        self._thread.start()
 
     def abandon(self) -> None:
         """The command ends before it used the session it started in the background (its input
@@ -139,6 +142,7 @@ class RaySession:
             if self._start_error is None:
                 self.__exit__(None, None, None)
         else:
+            close_starts(self._thread)  # the start thread's next process would outlive the kill
             kill_descendants()
         self._closed.set()
 

@@ -1,0 +1,48 @@
+"""Ray's own process starts, closed to a thread whose Ray the command abandoned.
+
+A plain command starts its embedded Ray in a background thread beside the trial of the user's
+parts (orchestrator/driver/session_start.py); when the trial fails, the command kills what
+Ray started and exits. That thread may be about to start one more of Ray's processes: started
+after the kill, a raylet found no GCS and exited, but first started its dashboard agent, which
+outlived the command (a clean clone's run found it). Every process `ray.init` starts goes
+through ``ray._private.services.start_ray_process`` (the GCS, the raylet, the dashboard, the
+monitors); closing a thread to it, under the lock every start holds, means that once
+``close_starts`` returns, each process that thread ever starts is already running, so the
+caller's kill of the process tree finds them all.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from ray._private import services
+
+_lock = threading.Lock()
+_closed: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_ray_start_process = services.start_ray_process
+
+
+class StartsClosed(RuntimeError):
+    """Raised in a thread closed to Ray's process starts: its ray.init ends there."""
+
+
+def _start_ray_process(*args, **kwargs):
+    with _lock:
+        if threading.current_thread() in _closed:
+            raise StartsClosed("the command abandoned the Ray this thread was starting")
+        return _ray_start_process(*args, **kwargs)
+
+
+def close_starts(thread: threading.Thread) -> None:
+    """No process of Ray's starts from ``thread`` any more; one it was starting has started."""
+    with _lock:
+        _closed.add(thread)
+
+
+def installed() -> bool:
+    return services.start_ray_process is _start_ray_process
+
+
+# Module-level calls inside ray._private.services look the name up when they run.
+services.start_ray_process = _start_ray_process
