@@ -237,18 +237,19 @@ def check_worker_node(marker: StorageMarker | None) -> None:
 
 def check_cluster_storage(plan: RunPlan, joined: bool) -> StorageMarker | None:
     """The driver's side, before any worker starts: on a joined cluster, check that every node
-    sees the run's storage (ConfigError otherwise), then leave the marker workers check. A
-    bucket the plan created for this run is removed again when the check refuses."""
+    sees the run's storage, then leave the marker workers check (ConfigError when either
+    fails). A bucket the plan created for this run is removed again then."""
     if not joined:
         return None  # an embedded Ray is this machine alone
+    # The messages name storage.uri: the run's folder is storage.uri/<run.name>.
+    shown_uri = plan.run_storage.uri.rsplit("/", 1)[0]
     try:
-        # The run's folder is storage.uri/<run.name>: the message names storage.uri.
-        check_shared_storage(plan.run_storage, shown_uri=plan.run_storage.uri.rsplit("/", 1)[0])
+        check_shared_storage(plan.run_storage, shown_uri=shown_uri)
+        return leave_marker(plan.run_storage, shown_uri=shown_uri)
     except ConfigError:
         if plan.created_bucket:
             remove_created_bucket(plan.run_storage)
         raise
-    return leave_marker(plan.run_storage, shown_uri=plan.run_storage.uri.rsplit("/", 1)[0])
 
 
 def remove_created_bucket(storage: StorageSpec) -> None:
