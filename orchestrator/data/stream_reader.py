@@ -1,11 +1,10 @@
 """A rank's share of streamed parquet data, read a window of row groups at a time.
 
 Reading and decoding run in background threads (pyarrow and the compiled decode, _rows.c,
-release the GIL),
-READ_AHEAD windows ahead per shard, so the step rarely waits for the disk or S3; a rank holds
-at most READ_AHEAD + 2 windows per shard it owns (those read ahead, the current one, and the
-one the step before still holds a view of), whatever the size of the data. Every byte read
-is counted (``bytes_read``).
+release the GIL), READ_AHEAD windows ahead per shard, so the step rarely waits for the disk or
+S3; a rank holds at most READ_AHEAD + 2 windows per shard it owns (those read ahead, the
+current one, and the one the step before still holds a view of), whatever the size of the
+data. Every byte read is counted (``bytes_read``).
 """
 
 from __future__ import annotations
