@@ -68,7 +68,8 @@ def parser() -> argparse.ArgumentParser:
                    help="another checkout of this repository (e.g. a git worktree of an older "
                         "commit) as an extra side, orchestrator_tree: its driver and Ray Train "
                         "controller run that code (PYTHONPATH first, PYTHONSAFEPATH=1); the "
-                        "workers still import this checkout's trainers")
+                        "workers still import this checkout's trainers; recovery runs its job "
+                        "with it too, right after its own, each repeat")
     g.add_argument("--fixed-warm", type=int, default=1,
                    help="fixed_cost: also time commands joining a running cluster (0: skip)")
     g.add_argument("--sweep-trials", type=int, default=4,

@@ -4,6 +4,7 @@ checkpoint at the next step boundary and hold until the deadline, so the restart
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 
@@ -152,6 +153,16 @@ def drain(head, node_id: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def actors_of_class(head, name: str) -> list:
+    """Every actor of that class the cluster made, dead ones included (Ray's state API)."""
+    listed = subprocess.run(
+        [RAY, "list", "actors", f"--address={head.dashboard}", f"--filter=class_name={name}",
+         "--format=json", "--limit=10000"], env=node_env(), capture_output=True, text=True,
+        timeout=120)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    return [] if listed.stdout.startswith("No resource") else json.loads(listed.stdout)
+
+
 @pytest.mark.slow
 def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_and_script_at_the_notice(
         preemptible_cluster, tmp_path):
@@ -189,6 +200,9 @@ def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_and_script
             stop_head(node)
     notice = assert_saved_at_the_notice(rec, out)
     assert notice["nodes"] == [node_ids[0]]
+    # The notice came from the watcher in each run's controller (ray_internals/
+    # preemption_watch.py): no run of this cluster started Ray Train's watcher actor.
+    assert actors_of_class(head, "TrainController") and not actors_of_class(head, "PreemptionWatcher")
     assert rec["trainer"] == "function" and rec["metrics"]["accuracy"] > 0.9
     assert all(w["node"] != node_ids[0] for w in rec["workers"])  # the restart avoided it
 

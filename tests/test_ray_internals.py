@@ -28,6 +28,7 @@ def test_helper_actors_a_run_does_not_need_are_not_started():
     )
 
     from orchestrator.ray_internals.pg_cleaner import PinnedPlacementGroupCleanerCallback
+    from orchestrator.ray_internals.preemption_watch import PreemptionWatchThread
     from orchestrator.ray_internals.train_hooks import without_unneeded_actors
 
     def kinds(trainer) -> set[type]:
@@ -40,11 +41,65 @@ def test_helper_actors_a_run_does_not_need_are_not_started():
     after = kinds(run)
     assert not after & {DatasetsCallback, PlacementGroupCleanerCallback,
                         PinnedPlacementGroupCleanerCallback}, after
-    assert after == before - {DatasetsCallback, PlacementGroupCleanerCallback}  # the rest kept
+    # The rest kept; the preemption watcher runs in the controller (the next test).
+    assert after == before - {DatasetsCallback, PlacementGroupCleanerCallback} \
+        | {PreemptionWatchThread}
     trial = real_trainer()  # a sweep's trial keeps its cleaner, pinned to the cluster
     without_unneeded_actors(trial, keep_cleaner=True)
     assert PinnedPlacementGroupCleanerCallback in kinds(trial)
     assert PlacementGroupCleanerCallback not in kinds(trial)
+
+
+def test_the_preemption_watcher_runs_as_a_thread_and_marks_every_worker_when_its_node_drains(
+        monkeypatch):
+    """PreemptionWatchThread: Ray's own watcher class, constructed in the controller's process
+    for each worker group, polls Ray's draining nodes in a thread of it and tells every worker
+    (Ray's actor handles' mark_preempt); stopped with its group. Ray's controller starts its
+    own watcher actor unless the switch controller_env turns off says not to. The drain source
+    is the one stand-in (no cluster here); tests/test_preemption.py drains real nodes."""
+    import threading
+    from types import SimpleNamespace
+
+    from ray.train.v2._internal.execution import preemption
+    from ray.train.v2._internal.execution.controller.controller import TrainController
+
+    from orchestrator.driver.backends import BACKENDS
+    from orchestrator.ray_internals.knobs import PREEMPTION_WATCHER
+    from orchestrator.ray_internals.preemption_watch import PreemptionWatchThread
+    from orchestrator.ray_internals.train_hooks import controller_env
+
+    source = inspect.getsource(TrainController.__init__)
+    assert "ENABLE_PREEMPTION_WATCHER_ENV_VAR" in source and "PreemptionCallback()" in source
+    assert controller_env(30.0, BACKENDS["torch"])[PREEMPTION_WATCHER] == "0"
+
+    marked: dict[int, object] = {}
+    both = threading.Event()
+
+    class Worker:
+        def __init__(self, rank):
+            self.mark_preempt = SimpleNamespace(remote=lambda info: (
+                marked.__setitem__(rank, info), len(marked) == 2 and both.set()))
+
+    workers = [SimpleNamespace(distributed_context=SimpleNamespace(world_rank=r),
+                               metadata=SimpleNamespace(node_id=f"node{r}"), actor=Worker(r))
+               for r in (0, 1)]
+    drained: dict[str, int] = {}
+    monkeypatch.setattr(preemption, "_get_draining_nodes", lambda: dict(drained))
+    callback = PreemptionWatchThread()
+    callback._poll_interval_s = 0.05
+    before = set(threading.enumerate())
+    callback.after_worker_group_start(SimpleNamespace(get_workers=lambda: workers))
+    watcher = callback._watcher
+    threads = set(threading.enumerate()) - before
+    assert [t.name for t in threads] == ["PreemptionWatcher"]  # in this process, no actor
+    drained["node1"] = 1_700_000_000_000
+    assert both.wait(timeout=60), marked
+    assert {r: (i.preempted_ranks, i.deadline_ms) for r, i in marked.items()} == \
+        {0: ([1], 1_700_000_000_000), 1: ([1], 1_700_000_000_000)}
+    callback.before_worker_group_shutdown(None)
+    assert callback._watcher is None and watcher._stop_event.is_set()
+    threads.pop().join(timeout=60)
+    assert not any(t.name == "PreemptionWatcher" for t in threading.enumerate())
 
 
 def test_the_sigint_hook_is_what_fit_calls_with_the_controller():

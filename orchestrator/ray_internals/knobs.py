@@ -7,7 +7,11 @@ promise to keep (no Ray import here: the driver's planning uses them too)."""
 WORKER_HEALTH_CHECK_TIMEOUT = "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S"
 HEALTH_CHECK_INTERVAL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # orchestrator/driver/scaling.py
-ENV_KNOBS = (WORKER_HEALTH_CHECK_TIMEOUT, HEALTH_CHECK_INTERVAL, WORKER_GROUP_START_TIMEOUT)
+# Ray Train's own preemption watcher (an actor a worker group): off where the orchestrator runs
+# the same watcher as a thread of the controller (ray_internals/preemption_watch.py).
+PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+ENV_KNOBS = (WORKER_HEALTH_CHECK_TIMEOUT, HEALTH_CHECK_INTERVAL, WORKER_GROUP_START_TIMEOUT,
+             PREEMPTION_WATCHER)
 
 # Ray core's: set by `python -m orchestrator` before Ray is imported (orchestrator/__main__.py).
 AUTO_CONNECT = "RAY_ENABLE_AUTO_CONNECT"

@@ -11,7 +11,11 @@ import signal
 import ray
 
 from orchestrator.driver.backends import Backend
-from orchestrator.ray_internals.knobs import HEALTH_CHECK_INTERVAL, WORKER_HEALTH_CHECK_TIMEOUT
+from orchestrator.ray_internals.knobs import (
+    HEALTH_CHECK_INTERVAL,
+    PREEMPTION_WATCHER,
+    WORKER_HEALTH_CHECK_TIMEOUT,
+)
 
 # How often Ray Train's controller polls the workers (its default: 2 s). The poll is how it
 # learns that training finished or a worker died: each second saved there comes off the end of
@@ -22,9 +26,11 @@ POLL_INTERVAL_S = "1"
 def controller_env(hang_timeout_s: float, backend: Backend) -> dict[str, str]:
     """Ray Train's own knobs, read by its controller: a silent worker fails after
     failure.hang_timeout_s (Ray's default is 10 minutes); the workers are polled every
-    POLL_INTERVAL_S; the backend may add some."""
+    POLL_INTERVAL_S; its preemption watcher actor is off (without_unneeded_actors runs the
+    same watcher in the controller); the backend may add some."""
     return {WORKER_HEALTH_CHECK_TIMEOUT: str(hang_timeout_s),
             HEALTH_CHECK_INTERVAL: os.environ.get(HEALTH_CHECK_INTERVAL, POLL_INTERVAL_S),
+            PREEMPTION_WATCHER: "0",
             **backend.controller_env}
 
 
@@ -83,7 +89,10 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
       the placement groups of a job's actors when the job ends (tests/test_ray_internals.py).
       Kept for sweep trials (``keep_cleaner``), whose driver outlives many controllers,
       pinned to this cluster (ray_internals/pg_cleaner.py).
-    A private hook: if a Ray upgrade renames it, nothing changes but the cost."""
+    And one more on every worker group's start, a restart's included: the PreemptionWatcher,
+    run instead as a thread of the controller (ray_internals/preemption_watch.py).
+    A private hook: if a Ray upgrade renames it, nothing changes but the cost (Ray's watcher
+    actor is then switched back on)."""
     create = getattr(ray_trainer, "_create_default_callbacks", None)
     try:
         from ray.train.v2._internal.callbacks import DatasetsCallback
@@ -92,9 +101,13 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
         )
 
         from orchestrator.ray_internals.pg_cleaner import PinnedPlacementGroupCleanerCallback
+        from orchestrator.ray_internals.preemption_watch import PreemptionWatchThread
     except ImportError:
-        return
+        create = None
     if create is None:
+        # controller_env switched Ray's watcher off for the session; Ray Train gives the
+        # controller the driver's value over the session's.
+        os.environ[PREEMPTION_WATCHER] = "1"
         return
     unneeded: tuple[type, ...] = () if getattr(ray_trainer, "datasets", None) else (DatasetsCallback,)
     if not keep_cleaner:
@@ -108,7 +121,7 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
             if type(cb) is PlacementGroupCleanerCallback:
                 cb = PinnedPlacementGroupCleanerCallback()
             callbacks.append(cb)
-        return callbacks
+        return callbacks + [PreemptionWatchThread()]
 
     ray_trainer._create_default_callbacks = adjusted
 
@@ -155,7 +168,8 @@ def hooks_missing(ray_trainer) -> list[str]:
         usable = False
     if not usable:
         missing.append("Ray Train's default-callback hook (_create_default_callbacks) is gone: "
-                       "its DatasetManager and PlacementGroupCleaner actors start on every run")
+                       "its DatasetManager and PlacementGroupCleaner actors start on every run, "
+                       "its PreemptionWatcher on every worker group's start")
     if not callable(getattr(trainer_class, "_initialize_and_run_controller", None)):
         missing.append("Ray Train's controller hook (_initialize_and_run_controller) is gone: "
                        "its AutoscalingCoordinator actor starts on every run")

@@ -1,6 +1,9 @@
 """Recovery after a worker kill against a cold start of the same job, measured in one run:
 cold start = command start to the first finished step; recovery = SIGKILL of a training worker
-to the next finished step (the new worker group's first step, run.json `world_sizes`)."""
+to the next finished step (the new worker group's first step, run.json `world_sizes`).
+With --fixed-tree DIR, each repeat also runs the same job with that checkout's driver and
+controller (as fixed_cost's orchestrator_tree side), right after this tree's: the two trees'
+recoveries measured side by side."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from scripts.benchmarks.common import (
     first_step_at,
     median,
     orchestrator_cmd,
+    order_for,
     paired_ratios,
     progress,
     ratio,
@@ -39,13 +43,15 @@ def wait_for(run_dir: Path, predicate, proc, timeout: float) -> dict:
     raise RuntimeError(f"timed out or exited (code {proc.poll()}) waiting on {run_dir}")
 
 
-def one(args: argparse.Namespace, work: Path, i: int) -> dict:
-    run_dir = work / f"recovery-{i}"
+def one(args: argparse.Namespace, work: Path, i: int, tree: str | None = None) -> dict:
+    name = f"recovery-{i}" + ("-tree" if tree else "")
+    run_dir = work / name
     run_dir.mkdir(parents=True)
     cmd = orchestrator_cmd(run_dir, "trainer.epochs=100000",
                            f"checkpoint.every_steps={args.recovery_checkpoint_every}")
+    env = bench_env({"PYTHONSAFEPATH": "1", "PYTHONPATH": tree} if tree else None)
     started = time.time()
-    proc = start(cmd, REPO, bench_env(), work / f"recovery-{i}.log")
+    proc = start(cmd, REPO, env, work / f"{name}.log")
     try:
         kill_at = args.recovery_kill_step
         rec = wait_for(run_dir, lambda r: r.get("steps", 0) >= kill_at and
@@ -72,12 +78,25 @@ def one(args: argparse.Namespace, work: Path, i: int) -> dict:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
-    runs = []
+    runs, tree_runs = [], []
+    tree = getattr(args, "fixed_tree", None)
     for i in range(args.repeats):
-        begun = time.time()
-        runs.append(one(args, work, i))
-        progress(f"recovery #{i}: {time.time() - begun:.1f}s {runs[-1]}")
-    return summarize(runs, args)
+        for side in order_for(i, ["this", "tree"] if tree else ["this"]):
+            begun = time.time()
+            (runs if side == "this" else tree_runs).append(
+                one(args, work, i, tree if side == "tree" else None))
+            done = (runs if side == "this" else tree_runs)[-1]
+            progress(f"recovery #{i} ({side}): {time.time() - begun:.1f}s {done}")
+    result = summarize(runs, args)
+    if tree_runs:
+        theirs = summarize(tree_runs)
+        result["tree"] = {"path": tree, "median_s": theirs["median_s"], "runs": tree_runs,
+                          "recovery_vs_cold_start": theirs["figures"]["recovery_vs_cold_start"],
+                          "recovery_vs_tree": figure(
+                              ratio(result["median_s"]["recovery"], theirs["median_s"]["recovery"]),
+                              paired=paired_ratios([r["recovery_s"] for r in runs],
+                                                   [r["recovery_s"] for r in tree_runs]))}
+    return result
 
 
 def summarize(runs: list[dict], args: argparse.Namespace | None = None) -> dict:
