@@ -162,12 +162,12 @@ def test_ray_start_records_its_address_where_auto_looks():
     assert CURRENT_CLUSTER_FILE.name in text
 
 
-def test_controller_polls_every_second_unless_the_user_says(monkeypatch):
+def test_controller_polls_every_half_second_unless_the_user_says(monkeypatch):
     from orchestrator.driver.backends import BACKENDS
     from orchestrator.ray_internals.train_hooks import controller_env
 
     monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
-    assert controller_env(30.0, BACKENDS["xgboost"])["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "1"
+    assert controller_env(30.0, BACKENDS["xgboost"])["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")
     env = controller_env(30.0, BACKENDS["torch"])
     assert env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "2"
