@@ -77,6 +77,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--recovery-kill-step", type=int, default=120)
     g.add_argument("--recovery-checkpoint-every", type=int, default=50)
     g.add_argument("--recovery-rank", type=int, default=1)
+    g.add_argument("--recovery-spare-after-s", type=lambda v: None if v == "none" else float(v),
+                   default=2.0, help="recovery's failure.spare_after_s ('none': no process "
+                   "kept ready); the kill waits until they are ready")
+    g.add_argument("--recovery-kill-after-s", type=float, default=8.0,
+                   help="recovery: every side's kill at least this long after its first step")
     g.add_argument("--boost-rows", type=int, default=1_000_000)
     g.add_argument("--boost-frameworks", default="xgboost,lightgbm")
     g.add_argument("--boost-repeats", type=int, default=1,

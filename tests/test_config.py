@@ -67,6 +67,7 @@ def test_every_option_composes_and_types(override):
         (["log.progress=fancy"], "log.progress='fancy'"),
         (["log.progress_every_s=0"], "log.progress_every_s=0"),
         (["log.ray_verbose=maybe"], "log.ray_verbose='maybe'"),
+        (["failure.spare_after_s=-1"], "failure.spare_after_s=-1"),
     ],
 )
 def test_bad_overrides_name_the_key(overrides, key):

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from orchestrator.driver.failure_policy import WorkerError, classify
+from orchestrator.worker.warm import WARM_IMPORTS
 from tests.conftest import read_record, run_cli, start_head, start_run, stop_cluster, wait_for
 
 
@@ -74,13 +75,18 @@ def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
     # group runs, the rest goes at full speed.
     gate = tmp_path / "gate"
     gate.touch()
+    idle_before = idle_worker_processes()
     proc = start_run(tmp_path / "a", f"cluster.address={ray_head.address}",
                      f"storage.uri={tmp_path / 'ckpt'}", "trainer.epochs=40",
                      "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
                      "+trainer.pace_s=0.02", "checkpoint.every_steps=100",
-                     f"failure.hang_timeout_s={HANG_TIMEOUT_S}")
+                     f"failure.hang_timeout_s={HANG_TIMEOUT_S}", "failure.spare_after_s=0")
     rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, tmp_path / "a")
     victim, healthy = rec["workers"][1]["pid"], rec["workers"][0]["pid"]
+    # Each worker had its node keep a process ready for its replacement (failure.spare_after_s;
+    # orchestrator/worker/spare.py): idle, with the workers' environment, torch imported.
+    spares = wait_until(lambda: idle_worker_processes() - {victim, healthy},
+                        lambda found: len(found) >= 2)
     os.kill(victim, signal.SIGSTOP)
     stopped_at = time.time()
     deadline = stopped_at + 120
@@ -94,6 +100,9 @@ def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
     rec = read_record(tmp_path / "a")
     assert rec["status"] == "succeeded" and rec["restarts"] == 1
     assert victim not in [w["pid"] for w in rec["workers"]]
+    # The new group ran in the processes kept ready, not new ones; none outlived the job.
+    assert {w["pid"] for w in rec["workers"]} <= spares, (rec["workers"], spares)
+    wait_until(lambda: idle_worker_processes() - idle_before, lambda left: not left, timeout=60)
     # The old group is gone ~12 s after the hang: 5 s of silence (not torch's 30-minute
     # collective timeout), at most 2 s asking the workers to leave the process group (Ray's
     # default waits 30 s for the hung one), Ray's fixed 5 s of patience before killing them.
@@ -123,6 +132,34 @@ def test_another_clusters_ray_start_on_the_machine_does_not_restart_the_job(ray_
     assert all(alive), "the workers were killed when another cluster started"
     assert rec["status"] == "running", rec.get("error")  # still going when we looked
     assert len(rec["world_sizes"]) == 1 and rec["restarts"] == 0, rec["world_sizes"]
+
+
+def idle_worker_processes() -> set[int]:
+    """Ray worker processes with the training workers' environment that no actor has taken
+    yet (a worker's own process, just started, or one kept ready for a restart)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if title.startswith(b"ray::IDLE") and WARM_IMPORTS.encode() + b"=" in env:
+            found.add(int(pid))
+    return found
+
+
+def wait_until(probe, done, timeout: float = 120):
+    """probe()'s first value that is done(); fails after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while True:
+        value = probe()
+        if done(value):
+            return value
+        assert time.time() < deadline, f"timed out at {value}"
+        time.sleep(0.2)
 
 
 def alive_pid(pid: int) -> bool:

@@ -438,3 +438,60 @@ def test_a_thread_closed_to_rays_process_starts_starts_none_and_others_still_do(
     assert seen == {"refused": True}
     started = services.start_ray_process(["true"], "test", fate_share=False)
     assert started.process.wait(timeout=30) == 0
+
+
+def test_the_workers_environment_imports_ahead_with_the_threads_ray_would_give(monkeypatch):
+    """orchestrator/worker/warm.py: the hook only where there is something to import; then
+    OMP_NUM_THREADS as Ray sets it for the worker's CPUs (torch sizes its pool at import), the
+    driver's own value first; a module that cannot be imported is said, never raised."""
+    import importlib
+
+    from orchestrator.ray_internals.knobs import SETUP_HOOK
+    from orchestrator.worker.warm import HOOK, WARM_IMPORTS, import_modules, worker_runtime_env
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert worker_runtime_env({"A": "1"}, (), 1.0) == {"env_vars": {"A": "1"}}
+    env = worker_runtime_env({"A": "1"}, ("torch", "json"), 0.5)["env_vars"]
+    assert env == {"A": "1", "OMP_NUM_THREADS": "1", WARM_IMPORTS: "torch,json", SETUP_HOOK: HOOK}
+    assert worker_runtime_env({}, ("x",), 2.7)["env_vars"]["OMP_NUM_THREADS"] == "2"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert worker_runtime_env({}, ("x",), 1.0)["env_vars"]["OMP_NUM_THREADS"] == "3"
+    module, _, function = HOOK.rpartition(".")
+    assert getattr(importlib.import_module(module), function) is import_modules
+    monkeypatch.setenv(WARM_IMPORTS, "json,no_such_module_here")
+    import_modules()  # says it, does not raise
+
+
+WARM_CHECK = """
+import json, sys
+import ray
+from orchestrator.worker.warm import worker_runtime_env
+ray.init(address=sys.argv[1], logging_level="ERROR")
+
+@ray.remote(num_cpus=1, runtime_env=worker_runtime_env({}, ("torch",), 1.0))
+class Worker:
+    def __init__(self):
+        self.ahead = "torch" in sys.modules  # before anything of the actor's imports it
+
+    def seen(self):
+        import torch
+        return {"ahead": self.ahead, "threads": torch.get_num_threads()}
+
+print(json.dumps(ray.get(Worker.remote().seen.remote())))
+"""
+
+
+def test_a_worker_process_imports_torch_ahead_and_keeps_one_thread_per_cpu(ray_head):
+    """The hook runs in Ray's real worker process (the variable Ray reads, knobs.SETUP_HOOK),
+    and torch, imported before Ray placed the actor, still has the one thread Ray gives a
+    1-CPU worker (two here without OMP_NUM_THREADS: 8x slower DDP on this machine)."""
+    import subprocess
+    import sys
+
+    from scripts.local_cluster import node_env
+
+    done = subprocess.run([sys.executable, "-c", WARM_CHECK, ray_head.address],
+                          capture_output=True, text=True, env=node_env(), timeout=300,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"ahead": True, "threads": 1}

@@ -210,6 +210,9 @@ class FailureConfig:
     max_preemptions: int = -1  # -1 = no limit: a preemption is not the job's fault
     hang_timeout_s: float = 30.0  # a worker silent this long (SIGSTOP, deadlock) has failed
     preemption_check_s: float = 1.0  # how often the workers agree on preemption notices
+    # This long after its group's start, each worker has its node keep one process ready for
+    # the worker that replaces it after a failure (null: never)
+    spare_after_s: float | None = 10.0
 
     def __post_init__(self) -> None:
         require(self.hang_timeout_s >= 5, "failure.hang_timeout_s", self.hang_timeout_s,
@@ -220,6 +223,8 @@ class FailureConfig:
                 "an integer >= 0")
         require(self.max_preemptions >= -1, "failure.max_preemptions", self.max_preemptions,
                 "-1 (no limit) or an integer >= 0")
+        require(self.spare_after_s is None or self.spare_after_s >= 0, "failure.spare_after_s",
+                self.spare_after_s, "a number of seconds >= 0, or null (never)")
 
 
 @dataclass

@@ -26,6 +26,8 @@ class Backend:
     options: Callable[[float, bool], dict] = no_options  # (hang timeout, GPUs?) -> its kwargs
     controller_env: Mapping[str, str] = field(default_factory=dict)  # read by Ray Train's controller
     worker_env: Mapping[str, str] = field(default_factory=dict)  # set before the first import
+    # Imported by each worker's process as it starts (orchestrator/worker/warm.py)
+    warm_imports: tuple[str, ...] = ()
 
     def ray_config(self, hang_timeout_s: float, use_gpu: bool):
         module, _, name = self.config_class.partition(":")
@@ -47,15 +49,22 @@ def torch_options(process_group: str | None):
 TORCH_CONTROLLER_ENV = {"TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": "2"}
 # Ray's TorchConfig, less the import of torch in the controller's process.
 TORCH_CONFIG = "orchestrator.ray_internals.torch_backend:TorchProcessGroupConfig"
+# torch and Ray Train's torch side (its process group set-up), and torch's compiler stack,
+# which torch imports with the first optimizer (torch.optim's add_param_group): ~1 s and
+# ~0.8 s of a worker's start here.
+TORCH_WARM = ("ray.train.torch", "torch._dynamo")
 # Keras 3 fails under MultiWorkerMirroredStrategy; tf-keras (Keras 2) works, and must be chosen
 # before tensorflow is first imported in the worker.
 TF_WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 BACKENDS: dict[str, Backend] = {
     b.name: b for b in [
-        Backend("torch", TORCH_CONFIG, torch_options(None), TORCH_CONTROLLER_ENV),
-        Backend("gloo", TORCH_CONFIG, torch_options("gloo"), TORCH_CONTROLLER_ENV),
-        Backend("nccl", TORCH_CONFIG, torch_options("nccl"), TORCH_CONTROLLER_ENV),
+        Backend("torch", TORCH_CONFIG, torch_options(None), TORCH_CONTROLLER_ENV,
+                warm_imports=TORCH_WARM),
+        Backend("gloo", TORCH_CONFIG, torch_options("gloo"), TORCH_CONTROLLER_ENV,
+                warm_imports=TORCH_WARM),
+        Backend("nccl", TORCH_CONFIG, torch_options("nccl"), TORCH_CONTROLLER_ENV,
+                warm_imports=TORCH_WARM),
         Backend("tensorflow", "ray.train.tensorflow:TensorflowConfig", worker_env=TF_WORKER_ENV),
         Backend("xgboost", "ray.train.xgboost:XGBoostConfig"),
         Backend("lightgbm", "ray.train.lightgbm:LightGBMConfig"),

@@ -49,6 +49,7 @@ from orchestrator.worker.training_function import (
     cluster_keys_given,
     size_cluster,
 )
+from orchestrator.worker.warm import worker_runtime_env
 
 log = logging.getLogger("orchestrator")
 
@@ -163,7 +164,7 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
     log.info("asking Ray for %s", describe_workers(scaling_args))
     ray_trainer = ray_trainer_for(run, ScalingConfig(**scaling_args), recorder, output_dir,
-                                  storage_marker)
+                                  storage_marker, spares=not session.reused)
     # A sweep's trial (a reused session) keeps the cleaner: an early-stopped trial's
     # workers must give their CPUs back to the next trials.
     without_unneeded_actors(ray_trainer, keep_cleaner=session.reused)
@@ -194,20 +195,27 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
 
 
 def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_dir: Path,
-                    storage_marker) -> DataParallelTrainer:
+                    storage_marker, spares: bool) -> DataParallelTrainer:
     cfg, plan, training = run.cfg, run.plan, run.training
     spec = WorkerSpec(training.path, {"trainer": training.config, "data": run.data},
                       cfg.data, cfg.checkpoint, plan.run_storage, plan.resume_source,
                       cfg.seed, recorder, cfg.failure.preemption_check_s,
                       cfg.failure.hang_timeout_s, eval_every_steps=cfg.run.eval_every_steps,
                       stream=plan.stream, run_name=plan.run_name,
-                      max_restarts=cfg.failure.max_restarts)
+                      max_restarts=cfg.failure.max_restarts,
+                      # A sweep's trials keep no process for a restart (orchestrator/worker/spare.py).
+                      spare_after_s=cfg.failure.spare_after_s if spares else None)
     run_config = RunConfig(
         name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
         storage_path=str(output_dir / "ray_train"),
         failure_config=FailureConfig(max_failures=cfg.failure.max_restarts,
                                      max_preemption_failures=cfg.failure.max_preemptions),
-        worker_runtime_env={"env_vars": worker_env(training.backend)},
+        # On GPUs the framework is imported once the worker is placed: its CUDA start must see
+        # only the GPUs Ray gives that worker (orchestrator/worker/warm.py).
+        worker_runtime_env=worker_runtime_env(
+            worker_env(training.backend),
+            () if cfg.cluster.gpus_per_worker else training.backend.warm_imports,
+            scaling.resources_per_worker.get("CPU", 1)),
         logging_config=train_logging(cfg.log.ray_verbose),
         callbacks=[FaultReporter(recorder)],
     )

@@ -15,4 +15,8 @@ ENV_KNOBS = (WORKER_HEALTH_CHECK_TIMEOUT, HEALTH_CHECK_INTERVAL, WORKER_GROUP_ST
 
 # Ray core's: set by `python -m orchestrator` before Ray is imported (orchestrator/__main__.py).
 AUTO_CONNECT = "RAY_ENABLE_AUTO_CONNECT"
-CORE_KNOBS = (AUTO_CONNECT,)
+# What a worker process runs as it starts ("module.function"): Ray's worker_process_setup_hook,
+# which Ray turns into this variable for a job's runtime environment but not for an actor's;
+# set on the training workers' (orchestrator/worker/warm.py).
+SETUP_HOOK = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+CORE_KNOBS = (AUTO_CONNECT, SETUP_HOOK)

@@ -25,6 +25,7 @@ import ray.train.collective
 from orchestrator.driver.failure_policy import WorkerError
 from orchestrator.errors import cause_of, one_line
 from orchestrator.storage.probe import check_worker_node
+from orchestrator.worker.spare import ask_for_spare_later
 from orchestrator.worker.start import WorkerSpec, start_point
 from orchestrator.worker.training_function import import_function
 from orchestrator.worker_api import WorkerContext, WorkerLifecycle
@@ -50,6 +51,7 @@ def train_loop_per_worker(config: dict) -> None:
         return  # a failure repeated: the driver reports it; restarting again would not help
     workdir = Path(tempfile.mkdtemp(prefix=f"orchestrator-rank{rank}-"))
     life: WorkerLifecycle | None = None
+    spare = ask_for_spare_later(spec.spare_after_s, spec.recorder)  # orchestrator/worker/spare.py
     try:  # an exception from the training code is recorded, then re-raised
         # Shared storage (orchestrator/storage/probe.py): this node must see the run's folder
         # as the driver does (a node that joined after the driver's check fails here, clearly).
@@ -76,6 +78,8 @@ def train_loop_per_worker(config: dict) -> None:
         ray.get(spec.recorder.worker_error.remote(error))
         raise
     finally:
+        if spare is not None:
+            spare.cancel()
         if life is not None:
             life.close()
             shutil.rmtree(life.staging, ignore_errors=True)

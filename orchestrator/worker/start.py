@@ -34,6 +34,7 @@ class WorkerSpec:
     stream: Any = None  # a StreamPlan where data=parquet is streamed (orchestrator/data/streaming.py)
     run_name: str = ""
     max_restarts: int = 0  # failure.max_restarts
+    spare_after_s: float | None = None  # failure.spare_after_s; None in a sweep's trials
 
     def __repr__(self) -> str:
         # Ray Train stringifies the train loop config (this spec) into the run state that the

@@ -3,7 +3,14 @@ cold start = command start to the first finished step; recovery = SIGKILL of a t
 to the next finished step (the new worker group's first step, run.json `world_sizes`).
 With --fixed-tree DIR, each repeat also runs the same job with that checkout's driver and
 controller (as fixed_cost's orchestrator_tree side), right after this tree's: the two trees'
-recoveries measured side by side."""
+recoveries measured side by side.
+
+This tree's job has each worker keep a process ready for its replacement
+(failure.spare_after_s=--recovery-spare-after-s; orchestrator/worker/spare.py), and the kill
+waits until both are ready (idle, their imports done): the recovery a run sees once its
+group has trained that long. --recovery-spare-after-s none measures a run without them.
+--recovery-kill-after-s puts every side's kill at least that long after its first step, so
+that each kills a run as far along (the spares' wait included)."""
 
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ from scripts.benchmarks.common import (
     ratio,
     read_json,
 )
-from scripts.benchmarks.proctree import start, stop_tree
+from scripts.benchmarks.proctree import cmdline, cpu_s, descendants, start, stop_tree
 
 GOAL = Goal("<=", 1.0)
 AIM = 0.5
@@ -43,12 +50,32 @@ def wait_for(run_dir: Path, predicate, proc, timeout: float) -> dict:
     raise RuntimeError(f"timed out or exited (code {proc.poll()}) waiting on {run_dir}")
 
 
+def spare_flag(after_s: float | None) -> str:
+    return "null" if after_s is None else str(after_s)
+
+
+def spares_ready(root: int, workers: set[int], count: int, timeout: float = 120) -> None:
+    """Wait until the command's tree holds ``count`` idle worker processes besides the workers
+    (ray::IDLE) whose CPU time stands still (their imports done)."""
+    deadline, last = time.time() + timeout, None
+    while time.time() < deadline:
+        idle = {p: cpu_s(p) for p in descendants(root)
+                if p not in workers and cmdline(p).startswith("ray::IDLE")}
+        if len(idle) >= count and idle == last:
+            return
+        last = idle
+        time.sleep(0.5)
+    raise RuntimeError(f"no {count} processes kept ready after {timeout} s")
+
+
 def one(args: argparse.Namespace, work: Path, i: int, tree: str | None = None) -> dict:
     name = f"recovery-{i}" + ("-tree" if tree else "")
     run_dir = work / name
     run_dir.mkdir(parents=True)
+    spare_after = None if tree else getattr(args, "recovery_spare_after_s", None)
     cmd = orchestrator_cmd(run_dir, "trainer.epochs=100000",
-                           f"checkpoint.every_steps={args.recovery_checkpoint_every}")
+                           f"checkpoint.every_steps={args.recovery_checkpoint_every}",
+                           *([] if tree else [f"failure.spare_after_s={spare_flag(spare_after)}"]))
     env = bench_env({"PYTHONSAFEPATH": "1", "PYTHONPATH": tree} if tree else None)
     started = time.time()
     proc = start(cmd, REPO, env, work / f"{name}.log")
@@ -57,6 +84,12 @@ def one(args: argparse.Namespace, work: Path, i: int, tree: str | None = None) -
         rec = wait_for(run_dir, lambda r: r.get("steps", 0) >= kill_at and
                        len(r.get("workers", [])) == 2 and r.get("checkpoints"), proc, 600)
         cold = first_step_at(rec) - started
+        if spare_after is not None:
+            spares_ready(proc.pid, {w["pid"] for w in rec["workers"]}, len(rec["workers"]))
+        # Both sides' kill at the same time into the run (with spares or without)
+        time.sleep(max(0.0, first_step_at(rec) + getattr(args, "recovery_kill_after_s", 0.0)
+                       - time.time()))
+        rec = read_json(run_dir / "run.json")
         victim = next(w for w in rec["workers"] if w["rank"] == args.recovery_rank)
         groups, step = len(rec["world_sizes"]), rec["steps"]
         killed_at = time.time()
@@ -106,7 +139,9 @@ def summarize(runs: list[dict], args: argparse.Namespace | None = None) -> dict:
     job = {"data": "digits", "batch_size": 64, "workers": 2}
     if args is not None:
         job.update(checkpoint_every_steps=args.recovery_checkpoint_every,
-                   kill_after_step=args.recovery_kill_step, killed_rank=args.recovery_rank)
+                   kill_after_step=args.recovery_kill_step, killed_rank=args.recovery_rank,
+                   kill_after_s=getattr(args, "recovery_kill_after_s", 0.0),
+                   spare_after_s=getattr(args, "recovery_spare_after_s", None))
     return {
         "job": job,
         "median_s": {"cold_start": cold, "recovery": recovery,
