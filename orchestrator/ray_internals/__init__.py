@@ -6,6 +6,7 @@
 - train_hooks.py: Ray Train's private trainer hooks (its default callbacks, its SIGINT
   handler) and the controller's settings made of knobs.py's environment variables;
 - pg_cleaner.py: Ray Train's placement-group cleaner, subclassed to pin it to its cluster;
+- prestart.py: the raylet's PrestartWorkers call, for the processes kept ready for a restart;
 - preemption_watch.py: Ray Train's preemption watcher, run as a thread of its controller
   instead of an actor process per worker group;
 - scaling.py: Ray Train's fixed-size scaling policy without autoscaler requests (an embedded
