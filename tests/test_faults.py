@@ -102,6 +102,7 @@ def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
     assert victim not in [w["pid"] for w in rec["workers"]]
     # The new group ran in the processes kept ready, not new ones; none outlived the job.
     assert {w["pid"] for w in rec["workers"]} <= spares, (rec["workers"], spares)
+    assert not [w for w in rec["warnings"] if "no process kept ready" in w], rec["warnings"]
     wait_until(lambda: idle_worker_processes() - idle_before, lambda left: not left, timeout=60)
     # The old group is gone ~12 s after the hang: 5 s of silence (not torch's 30-minute
     # collective timeout), at most 2 s asking the workers to leave the process group (Ray's

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,18 @@ def real_trainer(**kwargs):
                                **kwargs)
 
 
-def test_helper_actors_a_run_does_not_need_are_not_started():
+def without_switch(monkeypatch) -> None:
+    """No Ray preemption-watcher switch in this process's environment, and none left after
+    the test (the hook sets it when fit() would build its callbacks)."""
+    from orchestrator.ray_internals import train_hooks
+    from orchestrator.ray_internals.knobs import PREEMPTION_WATCHER
+
+    monkeypatch.setenv(PREEMPTION_WATCHER, "")  # recorded as unset, restored so
+    monkeypatch.delenv(PREEMPTION_WATCHER)
+    monkeypatch.setattr(train_hooks, "_watcher_switched_here", False)
+
+
+def test_helper_actors_a_run_does_not_need_are_not_started(monkeypatch):
     """Ray Train's real default callbacks, through the hook: the cleaner and the datasets
     callback are there before, gone (or pinned) after."""
     from ray.train.v2._internal.callbacks import DatasetsCallback
@@ -33,6 +45,8 @@ def test_helper_actors_a_run_does_not_need_are_not_started():
 
     def kinds(trainer) -> set[type]:
         return {type(cb) for cb in trainer._create_default_callbacks()}
+
+    without_switch(monkeypatch)
 
     before = kinds(real_trainer())
     assert {DatasetsCallback, PlacementGroupCleanerCallback} <= before, before
@@ -55,22 +69,45 @@ def test_the_preemption_watcher_runs_as_a_thread_and_marks_every_worker_when_its
     """PreemptionWatchThread: Ray's own watcher class, constructed in the controller's process
     for each worker group, polls Ray's draining nodes in a thread of it and tells every worker
     (Ray's actor handles' mark_preempt); stopped with its group. Ray's controller starts its
-    own watcher actor unless the switch controller_env turns off says not to. The drain source
-    is the one stand-in (no cluster here); tests/test_preemption.py drains real nodes."""
+    own watcher actor unless its switch says not to, which the driver sets with the thread.
+    The drain source is the one stand-in (no cluster here); tests/test_preemption.py drains
+    real nodes."""
     import threading
     from types import SimpleNamespace
 
+    from ray.train.v2._internal.constants import ENV_VARS_TO_PROPAGATE
     from ray.train.v2._internal.execution import preemption
     from ray.train.v2._internal.execution.controller.controller import TrainController
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from orchestrator.driver.backends import BACKENDS
+    from orchestrator.ray_internals import train_hooks
     from orchestrator.ray_internals.knobs import PREEMPTION_WATCHER
     from orchestrator.ray_internals.preemption_watch import PreemptionWatchThread
     from orchestrator.ray_internals.train_hooks import controller_env
 
     source = inspect.getsource(TrainController.__init__)
     assert "ENABLE_PREEMPTION_WATCHER_ENV_VAR" in source and "PreemptionCallback()" in source
-    assert controller_env(30.0, BACKENDS["torch"])[PREEMPTION_WATCHER] == "0"
+    # The switch goes with the thread: set in the driver where fit() builds its callbacks, just
+    # before it starts the controller with the driver's value (Ray Train passes it on).
+    assert "callbacks=self._create_default_callbacks()" in inspect.getsource(DataParallelTrainer.fit)
+    assert PREEMPTION_WATCHER in ENV_VARS_TO_PROPAGATE
+    assert PREEMPTION_WATCHER not in controller_env(30.0, BACKENDS["torch"])
+    without_switch(monkeypatch)
+    trainer = real_trainer()
+    train_hooks.without_unneeded_actors(trainer, keep_cleaner=False)
+    assert PREEMPTION_WATCHER not in os.environ  # not before fit() asks for the callbacks
+    assert any(type(cb) is PreemptionWatchThread for cb in trainer._create_default_callbacks())
+    assert os.environ[PREEMPTION_WATCHER] == "0"
+    again = real_trainer()  # this process's next run (a sweep's): still the thread
+    train_hooks.without_unneeded_actors(again, keep_cleaner=False)
+    assert any(type(cb) is PreemptionWatchThread for cb in again._create_default_callbacks())
+    monkeypatch.setattr(train_hooks, "_watcher_switched_here", False)
+    monkeypatch.setenv(PREEMPTION_WATCHER, "1")  # the user's own choice: Ray's way
+    theirs = real_trainer()
+    train_hooks.without_unneeded_actors(theirs, keep_cleaner=False)
+    assert not any(type(cb) is PreemptionWatchThread for cb in theirs._create_default_callbacks())
+    assert os.environ[PREEMPTION_WATCHER] == "1"
 
     marked: dict[int, object] = {}
     both = threading.Event()
@@ -87,19 +124,18 @@ def test_the_preemption_watcher_runs_as_a_thread_and_marks_every_worker_when_its
     monkeypatch.setattr(preemption, "_get_draining_nodes", lambda: dict(drained))
     callback = PreemptionWatchThread()
     callback._poll_interval_s = 0.05
-    before = set(threading.enumerate())
     callback.after_worker_group_start(SimpleNamespace(get_workers=lambda: workers))
     watcher = callback._watcher
-    threads = set(threading.enumerate()) - before
-    assert [t.name for t in threads] == ["PreemptionWatcher"]  # in this process, no actor
+    thread = watcher._monitor_thread  # in this process, no actor
+    assert thread.is_alive() and thread in threading.enumerate()
     drained["node1"] = 1_700_000_000_000
     assert both.wait(timeout=60), marked
     assert {r: (i.preempted_ranks, i.deadline_ms) for r, i in marked.items()} == \
         {0: ([1], 1_700_000_000_000), 1: ([1], 1_700_000_000_000)}
     callback.before_worker_group_shutdown(None)
     assert callback._watcher is None and watcher._stop_event.is_set()
-    threads.pop().join(timeout=60)
-    assert not any(t.name == "PreemptionWatcher" for t in threading.enumerate())
+    thread.join(timeout=60)
+    assert not thread.is_alive()
 
 
 def test_the_sigint_hook_is_what_fit_calls_with_the_controller():
@@ -441,25 +477,39 @@ def test_a_thread_closed_to_rays_process_starts_starts_none_and_others_still_do(
 
 
 def test_the_workers_environment_imports_ahead_with_the_threads_ray_would_give(monkeypatch):
-    """orchestrator/worker/warm.py: the hook only where there is something to import; then
-    OMP_NUM_THREADS as Ray sets it for the worker's CPUs (torch sizes its pool at import), the
-    driver's own value first; a module that cannot be imported is said, never raised."""
+    """orchestrator/worker/warm.py: the hook only where there is something to import and the
+    job has no hook of its own; it sets OMP_NUM_THREADS as Ray would for the worker's CPUs
+    (torch sizes its pool at import), the node's own value first; a module that cannot be
+    imported is said, never raised."""
     import importlib
 
     from orchestrator.ray_internals.knobs import SETUP_HOOK
-    from orchestrator.worker.warm import HOOK, WARM_IMPORTS, import_modules, worker_runtime_env
+    from orchestrator.worker.warm import (
+        HOOK,
+        WARM_IMPORTS,
+        WORKER_CPUS,
+        import_modules,
+        worker_runtime_env,
+    )
 
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(SETUP_HOOK, raising=False)
     assert worker_runtime_env({"A": "1"}, (), 1.0) == {"env_vars": {"A": "1"}}
     env = worker_runtime_env({"A": "1"}, ("torch", "json"), 0.5)["env_vars"]
-    assert env == {"A": "1", "OMP_NUM_THREADS": "1", WARM_IMPORTS: "torch,json", SETUP_HOOK: HOOK}
-    assert worker_runtime_env({}, ("x",), 2.7)["env_vars"]["OMP_NUM_THREADS"] == "2"
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert worker_runtime_env({}, ("x",), 1.0)["env_vars"]["OMP_NUM_THREADS"] == "3"
+    assert env == {"A": "1", WARM_IMPORTS: "torch,json", WORKER_CPUS: "0.5", SETUP_HOOK: HOOK}
     module, _, function = HOOK.rpartition(".")
     assert getattr(importlib.import_module(module), function) is import_modules
-    monkeypatch.setenv(WARM_IMPORTS, "json,no_such_module_here")
-    import_modules()  # says it, does not raise
+    monkeypatch.setenv(SETUP_HOOK, "users.own.hook")  # a job's own hook stays the one
+    assert worker_runtime_env({"A": "1"}, ("torch",), 1.0) == {"env_vars": {"A": "1"}}
+
+    monkeypatch.setenv(WARM_IMPORTS, "json,no_such_module_here")  # said, not raised
+    for cpus, node_value, threads in [("0.5", None, "1"), ("2.7", None, "2"), ("1", "3", "3")]:
+        monkeypatch.setenv(WORKER_CPUS, cpus)
+        if node_value is None:
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OMP_NUM_THREADS", node_value)
+        import_modules()
+        assert os.environ["OMP_NUM_THREADS"] == threads
 
 
 WARM_CHECK = """

@@ -7,8 +7,9 @@ watcher itself is a thread polling Ray's draining nodes every few seconds and te
 worker when its node drains (``ray.train.get_preemption_info()``, which the orchestrator's
 preemption checks read). Here the same watcher class runs in the controller, which outlives
 the worker groups and is connected to the same cluster: a new watcher per group, as Ray's,
-without a process. Ray's own is turned off with its documented switch
-(knobs.PREEMPTION_WATCHER) unless the user set it (train_hooks.py).
+without a process. Ray's own is turned off with its switch (knobs.PREEMPTION_WATCHER), set
+in the driver with this callback (train_hooks.without_unneeded_actors), unless the user set
+that switch.
 """
 
 from __future__ import annotations

@@ -29,11 +29,9 @@ POLL_INTERVAL_S = "0.5"
 def controller_env(hang_timeout_s: float, backend: Backend) -> dict[str, str]:
     """Ray Train's own knobs, read by its controller: a silent worker fails after
     failure.hang_timeout_s (Ray's default is 10 minutes); the workers are polled every
-    POLL_INTERVAL_S; its preemption watcher actor is off (without_unneeded_actors runs the
-    same watcher in the controller); the backend may add some."""
+    POLL_INTERVAL_S; the backend may add some."""
     return {WORKER_HEALTH_CHECK_TIMEOUT: str(hang_timeout_s),
             HEALTH_CHECK_INTERVAL: os.environ.get(HEALTH_CHECK_INTERVAL, POLL_INTERVAL_S),
-            PREEMPTION_WATCHER: "0",
             **backend.controller_env}
 
 
@@ -82,6 +80,11 @@ def interrupted_by_ctrl_c(ray_trainer) -> Controller:
     return controller
 
 
+# Whether this process set Ray's preemption-watcher switch (a later run of a sweep's process
+# then sees it set, but not by the user).
+_watcher_switched_here = False
+
+
 def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
     """Ray Train 2.60 starts a helper actor (a process importing Ray: ~2 CPU-seconds and
     ~170 MiB here) for each of these on every run, needed or not:
@@ -93,9 +96,9 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
       Kept for sweep trials (``keep_cleaner``), whose driver outlives many controllers,
       pinned to this cluster (ray_internals/pg_cleaner.py).
     And one more on every worker group's start, a restart's included: the PreemptionWatcher,
-    run instead as a thread of the controller (ray_internals/preemption_watch.py).
-    A private hook: if a Ray upgrade renames it, nothing changes but the cost (Ray's watcher
-    actor is then switched back on)."""
+    run instead as a thread of the controller (ray_internals/preemption_watch.py), unless the
+    user set Ray's switch for it (then Ray's way, as they chose).
+    A private hook: if a Ray upgrade renames it, nothing changes but the cost."""
     create = getattr(ray_trainer, "_create_default_callbacks", None)
     try:
         from ray.train.v2._internal.callbacks import DatasetsCallback
@@ -106,12 +109,10 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
         from orchestrator.ray_internals.pg_cleaner import PinnedPlacementGroupCleanerCallback
         from orchestrator.ray_internals.preemption_watch import PreemptionWatchThread
     except ImportError:
-        create = None
-    if create is None:
-        # controller_env switched Ray's watcher off for the session; Ray Train gives the
-        # controller the driver's value over the session's.
-        os.environ[PREEMPTION_WATCHER] = "1"
         return
+    if create is None:
+        return
+    watch_thread = _watcher_switched_here or PREEMPTION_WATCHER not in os.environ
     unneeded: tuple[type, ...] = () if getattr(ray_trainer, "datasets", None) else (DatasetsCallback,)
     if not keep_cleaner:
         unneeded += (PlacementGroupCleanerCallback,)
@@ -124,7 +125,14 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
             if type(cb) is PlacementGroupCleanerCallback:
                 cb = PinnedPlacementGroupCleanerCallback()
             callbacks.append(cb)
-        return callbacks + [PreemptionWatchThread()]
+        if watch_thread:
+            # Ray's switch goes with the thread that replaces its watcher: fit() passes the
+            # driver's value on to the controller it starts right after this call.
+            global _watcher_switched_here
+            os.environ[PREEMPTION_WATCHER] = "0"
+            _watcher_switched_here = True
+            callbacks.append(PreemptionWatchThread())
+        return callbacks
 
     ray_trainer._create_default_callbacks = adjusted
 
@@ -166,13 +174,15 @@ def hooks_missing(ray_trainer) -> list[str]:
         from ray.train.v2._internal.callbacks.placement_group_callback import (  # noqa: F401
             PlacementGroupCleanerCallback,
         )
+
+        from orchestrator.ray_internals import preemption_watch  # noqa: F401
         usable = callable(getattr(trainer_class, "_create_default_callbacks", None))
     except ImportError:
         usable = False
     if not usable:
         missing.append("Ray Train's default-callback hook (_create_default_callbacks) is gone: "
                        "its DatasetManager and PlacementGroupCleaner actors start on every run, "
-                       "its PreemptionWatcher on every worker group's start")
+                       "its PreemptionWatcher actor on every worker group's start")
     if not callable(getattr(trainer_class, "_initialize_and_run_controller", None)):
         missing.append("Ray Train's controller hook (_initialize_and_run_controller) is gone: "
                        "its AutoscalingCoordinator actor starts on every run")

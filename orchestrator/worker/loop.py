@@ -51,7 +51,7 @@ def train_loop_per_worker(config: dict) -> None:
         return  # a failure repeated: the driver reports it; restarting again would not help
     workdir = Path(tempfile.mkdtemp(prefix=f"orchestrator-rank{rank}-"))
     life: WorkerLifecycle | None = None
-    spare = ask_for_spare_later(spec.spare_after_s, spec.recorder)  # orchestrator/worker/spare.py
+    spare = ask_for_spare_later(spec.spare_after_s, spec.recorder, says=rank == 0)  # worker/spare.py
     try:  # an exception from the training code is recorded, then re-raised
         # Shared storage (orchestrator/storage/probe.py): this node must see the run's folder
         # as the driver does (a node that joined after the driver's check fails here, clearly).

@@ -1,11 +1,19 @@
-"""What a training worker's process imports as soon as it starts (Ray's
-worker_process_setup_hook, set on the workers' runtime environment only, knobs.SETUP_HOOK): its backend's
-framework (Backend.warm_imports). In a process kept ready for a restart
-(orchestrator/worker/spare.py) that import is done before the failure, not after it: ~1 s of
-torch off every recovery here. In a run's first workers it is the import the backend's setup
-would do a moment later. Not on GPU workers: a process imports before Ray says which GPUs it
-gets, and a framework that started CUDA then would see them all. No framework named here: the
-driver passes the names.
+"""What a training worker's process imports as soon as it starts: its backend's framework
+(Backend.warm_imports), through Ray's worker_process_setup_hook (knobs.SETUP_HOOK), set on the
+workers' runtime environment only.
+
+In a process kept ready for a restart (orchestrator/worker/spare.py) that import is done
+before the failure, not after it: ~1 s of torch and ~0.8 s of torch._dynamo off every
+recovery here. In a run's first workers it is the import the backend's set-up and the first
+optimizer would do a moment later. Not on GPU workers: a process imports before Ray says which
+GPUs it gets, and a framework that started CUDA then would see them all. Not where the job has
+a setup hook of its own (`ray job submit` with worker_process_setup_hook): one variable holds
+one hook, and the user's runs. No framework named here: the driver passes the names.
+
+Before the import the hook sets OMP_NUM_THREADS as Ray would for the worker's CPUs (the
+node's own value first, else max(floor(cpus), 1)): Ray sets it only once the worker is placed,
+after the import, and torch sizes its thread pool at import (measured: 3.8k against 29k
+samples/s on 2 cores, two threads a worker where each has one CPU).
 """
 
 from __future__ import annotations
@@ -18,12 +26,16 @@ import os
 from orchestrator.ray_internals.knobs import SETUP_HOOK
 
 WARM_IMPORTS = "ORCHESTRATOR_WARM_IMPORTS"  # comma-separated module names
+WORKER_CPUS = "ORCHESTRATOR_WORKER_CPUS"  # the CPUs each worker is placed with
 HOOK = "orchestrator.worker.warm.import_modules"
 
 log = logging.getLogger(__name__)
 
 
 def import_modules() -> None:
+    cpus = os.environ.get(WORKER_CPUS)
+    if cpus and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(math.floor(float(cpus)), 1))
     for name in filter(None, os.environ.get(WARM_IMPORTS, "").split(",")):
         try:
             importlib.import_module(name)
@@ -34,13 +46,8 @@ def import_modules() -> None:
 def worker_runtime_env(env_vars: dict[str, str], modules: tuple[str, ...],
                        cpus_per_worker: float) -> dict:
     """The training workers' runtime environment: their variables, and the hook if there is
-    anything to import ahead. Then OMP_NUM_THREADS is set here, as Ray sets it for a worker
-    placed with ``cpus_per_worker`` CPUs (max(floor(cpus), 1)): Ray sets it only once the
-    worker is placed, after the import, and torch's thread pool takes its size from the value
-    it finds at import (measured: 3.8k against 29k samples/s on 2 cores, two threads a worker
-    where each has one CPU). The driver's own value wins, as a user's on the cluster would."""
-    if not modules:
+    anything to import ahead and the job has no hook of its own."""
+    if not modules or SETUP_HOOK in os.environ:
         return {"env_vars": env_vars}
-    threads = os.environ.get("OMP_NUM_THREADS", str(max(math.floor(cpus_per_worker), 1)))
-    return {"env_vars": {"OMP_NUM_THREADS": threads, **env_vars,
-                         WARM_IMPORTS: ",".join(modules), SETUP_HOOK: HOOK}}
+    return {"env_vars": {**env_vars, WARM_IMPORTS: ",".join(modules),
+                         WORKER_CPUS: str(cpus_per_worker), SETUP_HOOK: HOOK}}
