@@ -4,8 +4,8 @@ Data uses; Ray's public API does not offer it).
 A restart after a failure starts a new worker group: each new worker is an actor, and an
 actor gets a new process (Python and Ray imported: ~2 s of a 5 s recovery on 2 cores,
 scripts/bench.py recovery) unless its node has an idle one of the same job and runtime
-environment. A training worker asks its own node for one such process, like itself, once its
-group has trained a while (orchestrator/worker/spare.py); the restart's worker on that node
+environment. A training worker asks its own node for one such process, like itself, a while
+after its start (orchestrator/worker/spare.py); the restart's worker on that node
 then starts in it. Kept idle until the job ends (the raylet does not reap it meanwhile).
 """
 

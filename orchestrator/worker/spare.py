@@ -2,8 +2,8 @@
 
 Ray Train answers a failure with a new worker group, whose every worker is a new actor in a
 new process: Python and Ray imported before anything of the run's own starts (~2 s of a 5 s
-recovery on this 2-core machine, scripts/bench.py recovery). Once its group has trained for
-failure.spare_after_s, each worker asks its node's raylet for one idle process like its own
+recovery on this 2-core machine, scripts/bench.py recovery). failure.spare_after_s after its
+start, each worker asks its node's raylet for one idle process like its own
 (ray_internals/prestart.py); the next group's worker placed on that node starts in it.
 Asked late, so a short run never pays for a process it will not use (with torch imported
 ahead, orchestrator/worker/warm.py: ~2-3 CPU-seconds to start, 240-310 MiB idle, measured
