@@ -111,15 +111,14 @@ def one(args: argparse.Namespace, work: Path, i: int, tree: str | None = None) -
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
-    runs, tree_runs = [], []
     tree = getattr(args, "fixed_tree", None)
+    sides: dict[str, list[dict]] = {"this": [], "tree": []}
     for i in range(args.repeats):
         for side in order_for(i, ["this", "tree"] if tree else ["this"]):
             begun = time.time()
-            (runs if side == "this" else tree_runs).append(
-                one(args, work, i, tree if side == "tree" else None))
-            done = (runs if side == "this" else tree_runs)[-1]
-            progress(f"recovery #{i} ({side}): {time.time() - begun:.1f}s {done}")
+            sides[side].append(one(args, work, i, tree if side == "tree" else None))
+            progress(f"recovery #{i} ({side}): {time.time() - begun:.1f}s {sides[side][-1]}")
+    runs, tree_runs = sides["this"], sides["tree"]
     result = summarize(runs, args)
     if tree_runs:
         theirs = summarize(tree_runs)
