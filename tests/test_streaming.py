@@ -210,6 +210,14 @@ def test_the_compiled_decode_gives_numpys_bits(rows, columns):
         finally:
             stream_reader.rows_from_columns = compiled_path
         assert np.array_equal(again.view(np.uint32), shuffled.view(np.uint32))
+    if columns % 4 == 0:  # shuffled rows into an `out` whose rows are not 16-byte aligned
+        floats = [table[n].to_numpy(zero_copy_only=False).astype(np.float32) for n in names]
+        dest = np.full(rows, -1, dtype=np.int64)
+        dest[picked] = np.arange(len(picked))
+        unaligned = np.empty(len(picked) * columns + 1, np.float32)[1:].reshape(len(picked), columns)
+        stream_reader.rows_from_columns(floats, unaligned, mean, std, dest)
+        assert np.array_equal(unaligned.view(np.uint32),
+                              stream_reader.row_major(table, names, mean, std, picked).view(np.uint32))
     with pytest.raises(TypeError, match="float32"):
         stream_reader.rows_from_columns([np.zeros(3)], np.zeros((3, 1), np.float32), None, None)
     with pytest.raises(ValueError, match="past the end"):  # never a write outside `out`
@@ -218,3 +226,21 @@ def test_the_compiled_decode_gives_numpys_bits(rows, columns):
     with pytest.raises(ValueError, match="different lengths"):
         stream_reader.rows_from_columns([np.zeros(3, np.float32), np.zeros(2, np.float32)],
                                         np.zeros((3, 2), np.float32), None, None)
+
+
+def test_labels_become_class_indices_whatever_their_values():
+    """Labels that are already 0..k-1 are taken as they are; others map to their place among
+    the classes: both as the sorted classes' index (what a resume and the eval compare)."""
+    from orchestrator.data.stream_reader import Decoding
+
+    table = pa.table({"f": pa.array([0.5, 1.5, 2.5, 3.5], pa.float32()), "y": [2, 0, 1, 2]})
+    rows = np.array([3, 0, 2])
+    for classes, expected in [((0, 1, 2), [2, 2, 1]), ((0, 1, 2, 3), [2, 2, 1]), ((0, 2), None)]:
+        if expected is None:  # not indices: searchsorted's place among them
+            table = pa.table({"f": table["f"], "y": [2, 0, 0, 2]})
+            expected = [1, 1, 0]
+        x, y = Decoding(("f",), "y", classes, None, None).decode(table, rows)
+        assert y.dtype == np.int64 and y.tolist() == expected
+        assert x[:, 0].tolist() == [3.5, 0.5, 2.5]
+    strings = pa.table({"f": pa.array([1.0, 2.0], pa.float32()), "y": ["b", "a"]})
+    assert Decoding(("f",), "y", ("a", "b"), None, None).decode(strings)[1].tolist() == [1, 0]

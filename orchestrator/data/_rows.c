@@ -14,6 +14,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <xmmintrin.h>
@@ -72,6 +73,11 @@ static void transpose(const float **cols, const Target *t, Py_ssize_t n, const f
     /* 4 rows of 4 columns at a time: four loads, a transpose in registers, the scaling on
        4 values at once, four stores; the same IEEE float32 operations as the scalar path */
     whole_cols = ncols - ncols % 4;
+    /* Rows shuffled into place (dest) go around the cache where every row starts 16-byte
+       aligned: they land all over `out` and are read steps later, so fetching their lines
+       first only adds traffic (0.82 of the time on this machine; in order, it was slower). */
+    int stream = t->dest != NULL && ncols % 4 == 0 && (uintptr_t)t->out % 16 == 0 &&
+                 (uintptr_t)t->scratch % 16 == 0;
     for (Py_ssize_t r = 0; r < whole_rows; r += 4) {
         float *a_row = row_of(t, r), *b_row = row_of(t, r + 1);
         float *d_row = row_of(t, r + 2), *e_row = row_of(t, r + 3);
@@ -86,12 +92,20 @@ static void transpose(const float **cols, const Target *t, Py_ssize_t n, const f
                 d = _mm_div_ps(_mm_sub_ps(d, m), s);
                 e = _mm_div_ps(_mm_sub_ps(e, m), s);
             }
-            _mm_storeu_ps(a_row + c, a);
-            _mm_storeu_ps(b_row + c, b);
-            _mm_storeu_ps(d_row + c, d);
-            _mm_storeu_ps(e_row + c, e);
+            if (stream) {
+                _mm_stream_ps(a_row + c, a);
+                _mm_stream_ps(b_row + c, b);
+                _mm_stream_ps(d_row + c, d);
+                _mm_stream_ps(e_row + c, e);
+            } else {
+                _mm_storeu_ps(a_row + c, a);
+                _mm_storeu_ps(b_row + c, b);
+                _mm_storeu_ps(d_row + c, d);
+                _mm_storeu_ps(e_row + c, e);
+            }
         }
     }
+    _mm_sfence(); /* the streamed stores land before the tails' and the caller's reads */
 #endif
     transpose_scalar(cols, t, 0, whole_rows, whole_cols, ncols, mean, std); /* columns left */
     transpose_scalar(cols, t, whole_rows, n, 0, ncols, mean, std);          /* rows left */

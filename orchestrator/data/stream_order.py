@@ -106,20 +106,28 @@ class StreamOrder:
                 for w, part in enumerate(parts)]
 
     def rows_of(self, window: Window) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, perm): the window's global row ids in stream order, and the permutation that
-        takes its training rows (concatenated in group order) into that order."""
+        """(ids, rows): the window's training rows in stream order, as global row ids and as
+        row numbers in its groups read one after the other (held-out rows included), one
+        split of each group for both."""
         key = (window.shard, window.epoch, window.index)
         with self._lock:
             if key in self._rows:
                 return self._rows[key]
-        ids = np.concatenate([self.train_ids(g) for g in window.groups])
+        ids, rows, start = [], [], 0
+        for g in window.groups:
+            local = np.flatnonzero(self.train_mask(g))
+            ids.append(local + self.manifest.groups[g].first_row)
+            rows.append(local + start)
+            start += self.manifest.groups[g].rows
+        ids, rows = np.concatenate(ids), np.concatenate(rows)
         rng = np.random.default_rng([self.seed, window.epoch, window.shard, window.index, 1])
         perm = rng.permutation(len(ids))
+        result = (ids[perm], rows[perm])
         with self._lock:
-            self._rows[key] = (ids[perm], perm)
+            self._rows[key] = result
             if len(self._rows) > 3 * self.shards:  # a shard's current, next and last windows
                 self._rows.pop(next(iter(self._rows)))
-        return ids[perm], perm
+        return result
 
     def span(self, shard: int, step: int) -> tuple[int, int, int]:
         """(epoch, first, last): shard's rows first..last-1 of its epoch stream at ``step``."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from orchestrator.data.manifest import Manifest
@@ -50,10 +51,19 @@ class Decoding:
             labels = labels[rows]
         if self.classes is None:
             return x, labels.astype(np.float32)
+        if self.classes_are_indices and labels.dtype.kind in "iu":  # 0..k-1 already: as they are
+            return x, labels.astype(np.int64, copy=False)
         return x, np.searchsorted(np.asarray(self.classes), labels).astype(np.int64)
 
+    @property
+    def classes_are_indices(self) -> bool:
+        return self.classes is not None and list(self.classes) == list(range(len(self.classes)))
 
-READ_AHEAD = 2  # windows read ahead per shard (one keeps only one core busy: 0.34 vs 0.43 of a bare read)
+
+# Windows read ahead per shard, by two threads: one kept only one core busy (0.34 against
+# 0.43 of a bare read); three keep both busy through a slow window (0.79 against 0.76 with
+# two, data_scale bench, 15 interleaved runs), for one window more of memory.
+READ_AHEAD = 3
 BLOCK_ROWS = 16384  # 4 MiB of 64 float32 features: stays in the cache while its columns land
 
 
@@ -64,7 +74,7 @@ def row_major(tables: pa.Table | list[pa.Table], names, mean: np.ndarray | None 
     numbers), in that order: compiled, each row lands there at once (no copy to gather)."""
     tables = [tables] if isinstance(tables, pa.Table) else tables
     total = sum(t.num_rows for t in tables)
-    x = np.empty((total if rows is None else len(rows), len(names)), dtype=np.float32)
+    x = arrow_memory((total if rows is None else len(rows), len(names)))
     if rows_from_columns is None:  # numpy's blocks, then a gather of whole rows
         whole = x if rows is None else np.empty((total, len(names)), dtype=np.float32)
         start = 0
@@ -88,6 +98,16 @@ def row_major(tables: pa.Table | list[pa.Table], names, mean: np.ndarray | None 
             rows_from_columns(columns, x, mean, std, dest[start:end])
         start = end
     return x
+
+
+def arrow_memory(shape: tuple[int, int]) -> np.ndarray:
+    """An uninitialised float32 array in Arrow's memory pool, the one the reads use: a window
+    freed is memory the next one reuses, where numpy's large arrays come from the kernel each
+    time, zeroed page by page (0.95 of the time of an epoch's reads, data_scale bench). The
+    array keeps its buffer alive, and is writable."""
+    values = shape[0] * shape[1]
+    buffer = pa.allocate_buffer(max(values, 1) * 4)
+    return np.frombuffer(buffer, dtype=np.float32, count=values).reshape(shape)
 
 
 def fill_rows(columns: list[np.ndarray], x: np.ndarray, mean: np.ndarray | None,
@@ -116,20 +136,24 @@ class GroupReader:
         self._count, self._lock = 0, threading.Lock()
         self.columns = [*decoding.features, decoding.label]
         self._footers: dict[int, pq.FileMetaData] = {}
+        self._local = isinstance(fs, pafs.LocalFileSystem)
 
     @property
     def bytes_read(self) -> int:
         return self._count
 
-    def table(self, g: int) -> pa.Table:
+    def table(self, g: int, use_threads: bool = False) -> pa.Table:
         grp = self.manifest.groups[g]
         path = self.manifest.files[grp.file].path
         footer = self._footers.get(grp.file)
         with self.fs.open_input_file(path) as handle:
             # A file's footer is read once: a row group of a file already seen costs its own
-            # bytes only.
-            parquet = pq.ParquetFile(handle, metadata=footer)
-            table = parquet.read_row_group(grp.index, columns=self.columns)
+            # bytes only. The stream's windows are read one thread each: the reader's threads
+            # read two side by side (pyarrow's column threads on top of them: 0.64 against
+            # 0.70 of a bare read, data_scale bench). Away from the local disk, a group's
+            # column chunks are fetched together (pre_buffer), not one request after another.
+            parquet = pq.ParquetFile(handle, metadata=footer, pre_buffer=not self._local)
+            table = parquet.read_row_group(grp.index, columns=self.columns, use_threads=use_threads)
         meta = parquet.metadata
         rg = meta.row_group(grp.index)
         wanted = set(self.columns)
@@ -141,7 +165,9 @@ class GroupReader:
         return table
 
     def read(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.decoding.decode(self.table(g))
+        """A whole group decoded, in the caller's thread (the held-out pass): pyarrow's
+        threads read its columns."""
+        return self.decoding.decode(self.table(g, use_threads=True))
 
 
 class ShardCursor:
@@ -152,6 +178,8 @@ class ShardCursor:
         self.order, self.reader, self.shard, self.pool = order, reader, shard, pool
         self.total: int | None = None  # the step the stream ends before
         self._loaded: dict[tuple[int, int], Future] = {}
+        self._scanned: tuple[int, int, int] | None = None  # (epoch, window, its first row)
+        self._ahead_of: tuple[int, int] | None = None  # the window read ahead from last
 
     def _window_data(self, epoch: int, w: int) -> Future:
         key = (epoch, w)
@@ -161,13 +189,9 @@ class ShardCursor:
 
     def _read_window(self, epoch: int, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         window = self.order.windows(self.shard, epoch)[w]
-        ids, perm = self.order.rows_of(window)
+        ids, rows = self.order.rows_of(window)
         tables = [self.reader.table(g) for g in window.groups]
-        # The training rows of the groups, concatenated, then in stream order: one gather.
-        offsets = np.cumsum([0, *(t.num_rows for t in tables[:-1])])
-        kept = np.concatenate([np.flatnonzero(self.order.train_mask(g)) + offset
-                               for g, offset in zip(window.groups, offsets, strict=True)])
-        x, y = self.reader.decoding.decode(tables, kept[perm])
+        x, y = self.reader.decoding.decode(tables, rows)  # each row lands in its place at once
         return ids, x, y
 
     def _needed(self, window: tuple[int, int], first_row: int) -> bool:
@@ -198,22 +222,36 @@ class ShardCursor:
     def take(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids, x, y) this shard gives the global batch at ``step``."""
         epoch, first, last = self.order.span(self.shard, step)
-        parts, start, w = [], 0, 0
         windows = self.order.windows(self.shard, epoch)
+        parts = []
+        w, start = self._scan_from(epoch, first)
         while w < len(windows):
             end = start + windows[w].rows
             if end > first:
                 ids, x, y = self._window_data(epoch, w).result()
                 lo, hi = first - start if first > start else 0, min(last, end) - start
                 parts.append((ids[lo:hi], x[lo:hi], y[lo:hi]))
-                self._read_ahead(epoch, w, end)
+                if self._ahead_of != (epoch, w):  # once a window: reading ahead is idempotent
+                    self._ahead_of = (epoch, w)
+                    self._read_ahead(epoch, w, end)
             if end >= last:
                 break
             start, w = end, w + 1
-        # Windows before this step's first are done with.
-        for key in [k for k in self._loaded if k < (epoch, w)]:
-            del self._loaded[key]
+        self._scanned = (epoch, w, start)
+        # Windows before this step's last are done with (kept in the order they were asked
+        # for, which is the stream's).
+        while self._loaded and next(iter(self._loaded)) < (epoch, w):
+            del self._loaded[next(iter(self._loaded))]
         return joined(parts)
+
+    def _scan_from(self, epoch: int, first: int) -> tuple[int, int]:
+        """(window, its first row) to look for row ``first`` from: where the step before
+        ended, as steps go forward (not every window of the epoch again, at every step)."""
+        if self._scanned is not None:
+            scanned_epoch, w, start = self._scanned
+            if scanned_epoch == epoch and start <= first:
+                return w, start
+        return 0, 0
 
 
 def joined(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
