@@ -244,3 +244,25 @@ def test_labels_become_class_indices_whatever_their_values():
         assert x[:, 0].tolist() == [3.5, 0.5, 2.5]
     strings = pa.table({"f": pa.array([1.0, 2.0], pa.float32()), "y": ["b", "a"]})
     assert Decoding(("f",), "y", ("a", "b"), None, None).decode(strings)[1].tolist() == [1, 0]
+
+
+def test_the_compiled_split_gives_numpys_rows():
+    """The held-out hash compiled (orchestrator/data/_rows.c) against numpy's passes: the same
+    rows for ids, seeds and fractions of every kind, so a run's split does not depend on
+    whether the install had a C compiler."""
+    from orchestrator.data import row_split
+
+    assert row_split.compiled_held_out is not None, "the compiled split was not built"
+    rng = np.random.default_rng(7)
+    cases = [(np.arange(4096, dtype=np.int64) + 2**40, 0, 0.2), (np.array([], np.int64), 3, 0.5),
+             (rng.integers(-2**40, 2**62, 5000), -12345, 0.37), (np.arange(100), 2**63 - 1, 0.0),
+             (np.arange(100, dtype=np.int32), 9, 1.0)]
+    for ids, seed, fraction in cases:
+        compiled = row_split.held_out(ids, seed, fraction)
+        saved, row_split.compiled_held_out = row_split.compiled_held_out, None
+        try:
+            expected = row_split.held_out(ids, seed, fraction)
+        finally:
+            row_split.compiled_held_out = saved
+        assert compiled.dtype == bool and np.array_equal(compiled, expected)
+    assert 0.15 < row_split.held_out(np.arange(100_000), 0, 0.2).mean() < 0.25

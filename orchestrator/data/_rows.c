@@ -216,7 +216,54 @@ done:
     return result;
 }
 
+/* held_out(row_ids, key, fraction, out): out[i] = 1 where row_ids[i] falls in the test split,
+ * the same SplitMix64 hash and comparison as orchestrator/data/row_split.py's numpy path (one
+ * pass, not eight over the group). key is the seed's own hash. */
+static inline unsigned long long splitmix_finish(unsigned long long x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static PyObject *held_out(PyObject *self, PyObject *args) {
+    PyObject *ids_obj, *out_obj;
+    unsigned long long key;
+    double fraction;
+    if (!PyArg_ParseTuple(args, "OKdO", &ids_obj, &key, &fraction, &out_obj))
+        return NULL;
+    Py_buffer ids = {0}, out = {0};
+    if (PyObject_GetBuffer(ids_obj, &ids, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&ids);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = ids.len / 8;
+    if (ids.itemsize != 8 || ids.format == NULL ||
+        (strcmp(ids.format, "l") != 0 && strcmp(ids.format, "q") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "row_ids: an int64 buffer");
+    } else if (out.itemsize != 1 || out.len != n || out.format == NULL || strcmp(out.format, "?") != 0) {
+        PyErr_SetString(PyExc_TypeError, "out: a bool buffer of one value per row id");
+    } else {
+        const long long *id = (const long long *)ids.buf;
+        unsigned char *mask = (unsigned char *)out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            unsigned long long h = splitmix_finish(((unsigned long long)id[i] + 0x9E3779B97F4A7C15ULL) ^ key);
+            mask[i] = (double)(h >> 11) * (1.0 / 9007199254740992.0) < fraction;
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"held_out", held_out, METH_VARARGS,
+     "held_out(row_ids, key, fraction, out): out[i] = whether row_ids[i] is held out."},
     {"rows_from_columns", rows_from_columns, METH_VARARGS,
      "rows_from_columns(columns, out, mean, std, dest=None): float32 columns into rows of "
      "`out` (row r to row dest[r], none when negative), each value (v - mean[c]) / std[c] "

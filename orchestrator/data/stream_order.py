@@ -113,16 +113,16 @@ class StreamOrder:
         with self._lock:
             if key in self._rows:
                 return self._rows[key]
-        ids, rows, start = [], [], 0
-        for g in window.groups:
-            local = np.flatnonzero(self.train_mask(g))
-            ids.append(local + self.manifest.groups[g].first_row)
-            rows.append(local + start)
-            start += self.manifest.groups[g].rows
-        ids, rows = np.concatenate(ids), np.concatenate(rows)
+        groups = [self.manifest.groups[g] for g in window.groups]
+        starts = np.cumsum([0, *(grp.rows for grp in groups)])
+        rows = np.concatenate([np.flatnonzero(self.train_mask(g)) + start
+                               for g, start in zip(window.groups, starts, strict=False)])
         rng = np.random.default_rng([self.seed, window.epoch, window.shard, window.index, 1])
-        perm = rng.permutation(len(ids))
-        result = (ids[perm], rows[perm])
+        rows = rows[rng.permutation(len(rows))]
+        # A row's id from its place: its group's first id plus its place in the group.
+        at = np.searchsorted(starts, rows, side="right") - 1 if len(groups) > 1 else 0
+        first_ids = np.array([grp.first_row for grp in groups], dtype=np.int64)
+        result = (rows - starts[at] + first_ids[at], rows)
         with self._lock:
             self._rows[key] = result
             if len(self._rows) > 3 * self.shards:  # a shard's current, next and last windows
