@@ -28,7 +28,7 @@ def _mix_wrapping(x: np.ndarray) -> np.ndarray:
 
 def held_out(row_ids: np.ndarray, seed: int, fraction: float) -> np.ndarray:
     """A boolean mask: True for the rows of the test split (about ``fraction`` of them).
-    Compiled where the install built it (orchestrator/data/_rows.c: the same bits, a tenth of
+    Compiled where the install built it (orchestrator/data/_rows.c: the same bits, a fifth of
     the time; the reader asks it for every window)."""
     with np.errstate(over="ignore"):
         key = _mix(np.uint64(seed & (2**64 - 1)) + _GOLDEN)

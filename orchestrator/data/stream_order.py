@@ -116,7 +116,7 @@ class StreamOrder:
         groups = [self.manifest.groups[g] for g in window.groups]
         starts = np.cumsum([0, *(grp.rows for grp in groups)])
         rows = np.concatenate([np.flatnonzero(self.train_mask(g)) + start
-                               for g, start in zip(window.groups, starts, strict=False)])
+                               for g, start in zip(window.groups, starts[:-1], strict=True)])
         rng = np.random.default_rng([self.seed, window.epoch, window.shard, window.index, 1])
         rows = rows[rng.permutation(len(rows))]
         # A row's id from its place: its group's first id plus its place in the group.
