@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -153,12 +154,17 @@ def test_boosting_resumes_from_s3_at_its_round_and_matches_one_uninterrupted_run
 
 def test_mwms_with_a_users_keras_model_survives_a_killed_worker_exactly(
         ray_head, s3_server, bucket, tmp_path):
-    """A user's own Keras model under MultiWorkerMirroredStrategy on streamed parquet (each
-    worker reads only its share of the row groups), checkpointing to S3: a worker SIGKILLed
-    after the first checkpoint; the restart resumes there, mid-epoch, and ends with weights and
-    optimizer state equal bit for bit to an uninterrupted run's."""
-    data = tmp_path / "digits.parquet"
-    write_digits_parquet(data, row_group_size=100)
+    """A user's own Keras model under MultiWorkerMirroredStrategy on parquet streamed from S3
+    (each worker reads only its share of the row groups, through the storage's endpoint and
+    credentials), checkpointing to S3: a worker SIGKILLed after the first checkpoint; the
+    restart resumes there, mid-epoch, and ends with weights and optimizer state equal bit for
+    bit to an uninterrupted run's."""
+    local = tmp_path / "digits.parquet"
+    write_digits_parquet(local, row_group_size=100)
+    pafs.copy_files(str(local), f"{bucket}/mwms-data/digits.parquet",
+                    source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=s3_server.filesystem())
+    data = f"s3://{bucket}/mwms-data/digits.parquet"
     common = [f"cluster.address={ray_head.address}", *s3(s3_server, "mwms"), "trainer=mwms",
               "data=parquet", f"data.path={data}", "data.label=digit", "data.stream=true",
               "trainer.model._target_=tests.user_models.tiny_keras_model", "~trainer.model.hidden",
