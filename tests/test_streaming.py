@@ -229,19 +229,19 @@ def test_the_compiled_decode_gives_numpys_bits(rows, columns):
 
 
 def test_labels_become_class_indices_whatever_their_values():
-    """Labels that are already 0..k-1 are taken as they are; others map to their place among
-    the classes: both as the sorted classes' index (what a resume and the eval compare)."""
+    """Labels that are already 0..k-1 are taken as they are; others become their place among
+    the sorted classes; strings too."""
     from orchestrator.data.stream_reader import Decoding
 
     table = pa.table({"f": pa.array([0.5, 1.5, 2.5, 3.5], pa.float32()), "y": [2, 0, 1, 2]})
     rows = np.array([3, 0, 2])
-    for classes, expected in [((0, 1, 2), [2, 2, 1]), ((0, 1, 2, 3), [2, 2, 1]), ((0, 2), None)]:
-        if expected is None:  # not indices: searchsorted's place among them
-            table = pa.table({"f": table["f"], "y": [2, 0, 0, 2]})
-            expected = [1, 1, 0]
+    for classes in [(0, 1, 2), (0, 1, 2, 3)]:  # indices already
         x, y = Decoding(("f",), "y", classes, None, None).decode(table, rows)
-        assert y.dtype == np.int64 and y.tolist() == expected
+        assert y.dtype == np.int64 and y.tolist() == [2, 2, 1]
         assert x[:, 0].tolist() == [3.5, 0.5, 2.5]
+    gaps = pa.table({"f": table["f"], "y": [2, 0, 0, 2]})  # classes 0 and 2: places 0 and 1
+    y = Decoding(("f",), "y", (0, 2), None, None).decode(gaps, rows)[1]
+    assert y.dtype == np.int64 and y.tolist() == [1, 1, 0]
     strings = pa.table({"f": pa.array([1.0, 2.0], pa.float32()), "y": ["b", "a"]})
     assert Decoding(("f",), "y", ("a", "b"), None, None).decode(strings)[1].tolist() == [1, 0]
 
