@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -220,10 +221,12 @@ def test_xgboost_on_parquet(ray_head, tmp_path):
     them on absolute."""
     (tmp_path / "digits").mkdir()
     write_digits_parquet(tmp_path / "digits" / "part-0.parquet", row_group_size=200)
+    pages_before = set(Path(tempfile.gettempdir()).glob("xgb-extmem-*"))  # the workers' local disk
     result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}", "storage.uri=ckpt",
                      "trainer=xgboost", "data=parquet", "data.path=digits", "data.stream=true",
                      "trainer.external_memory=true", "data.label=digit", cwd=tmp_path)
     rec = assert_succeeded(result, "xgboost")
+    assert not set(Path(tempfile.gettempdir()).glob("xgb-extmem-*")) - pages_before  # removed
     assert rec["config"]["data"]["path"] == str(tmp_path / "digits")
     assert rec["checkpoint_uri"].startswith(str(tmp_path / "ckpt"))
     assert rec["config"]["data"]["task"] == "classification"  # integer labels: inferred

@@ -9,7 +9,9 @@ A resume continues boosting from the saved booster (round r), not from zero.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -114,6 +116,8 @@ def streamed_data(share, tcfg: Mapping[str, Any], params: dict):
         folder = tempfile.mkdtemp(prefix="xgb-extmem-")
         matrix = xgb.ExtMemQuantileDMatrix(ShareChunks(share, os.path.join(folder, "cache")),
                                            max_bin=params["max_bin"])
+        # xgboost removes its pages with the matrix, not the folder: it goes with them.
+        weakref.finalize(matrix, shutil.rmtree, folder, True)
     else:
         matrix = xgb.QuantileDMatrix(ShareChunks(share), max_bin=params["max_bin"])
 
