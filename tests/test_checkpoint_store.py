@@ -522,6 +522,56 @@ def test_leftovers_of_failed_writes_are_removed_when_a_worker_group_starts(tmp_p
     assert not (root / STAGING).exists()  # emptied, then removed itself
 
 
+HOLD_A_WORKDIR = """
+import sys, time
+from orchestrator.worker.workdir import Workdir
+w = Workdir(int(sys.argv[2]), sys.argv[1])
+(w.path / "staging").mkdir()
+(w.path / "staging" / "shard").write_bytes(b"x" * 1000)
+print(w.path, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_node_folders_of_killed_workers_go_with_the_next_worker_and_live_ones_stay(tmp_path):
+    """A worker SIGKILLed (as a restart tears down its group) keeps its staged snapshot on the
+    node's disk; the next worker to start or end there removes it, never a live worker's
+    folder (another process's, or its own), nor a folder it cannot tell is a worker's."""
+    import signal
+    import subprocess
+    import sys
+
+    from orchestrator.worker.workdir import Workdir
+
+    def hold(rank):
+        proc = subprocess.Popen([sys.executable, "-c", HOLD_A_WORKDIR, str(tmp_path), str(rank)],
+                                stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+        return proc, Path(proc.stdout.readline().strip())
+
+    (killed, dead), (alive, live) = hold(0), hold(1)
+    other = tmp_path / "orchestrator-rank2-noowner"  # an older version's, or being made
+    other.mkdir()
+    try:
+        assert (dead / "staging" / "shard").exists() and (live / "staging" / "shard").exists()
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=60)
+        assert (dead / "staging" / "shard").exists()  # a killed worker cleans nothing
+        mine = Workdir(0, tmp_path)
+        assert not dead.exists() and (live / "staging" / "shard").exists() and other.exists()
+        second = Workdir(1, tmp_path)  # this process's first folder is live too
+        assert mine.path.exists() and second.path.exists()
+        alive.send_signal(signal.SIGKILL)
+        alive.wait(timeout=60)
+        mine.remove()
+        assert not mine.path.exists() and not live.exists() and second.path.exists()
+        second.remove()
+        second.remove()  # twice is harmless
+        assert [p.name for p in tmp_path.iterdir()] == [other.name]
+    finally:
+        for proc in (killed, alive):
+            proc.kill()
+            proc.wait(timeout=60)
+
 def test_a_straggler_of_a_dead_attempt_cannot_touch_a_committed_checkpoint(store, tmp_path):
     """Issue 26, 7: a rank of an attempt that was given up (cut off by a partition) passed the
     committed check before the new attempt committed the same step, and uploads its part after

@@ -310,7 +310,7 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
               "trainer.model.hidden=[4096,4096]", "trainer.max_steps=30",
               "checkpoint.every_steps=10", "checkpoint.keep=0", "cluster.cpus_per_worker=0.5"]
     pattern = "/tmp/orchestrator-rank1-*/staging/step_000000020/dcp/__1_0.distcp"
-    before = set(glob.glob(pattern))
+    before, folders_before = set(glob.glob(pattern)), set(glob.glob("/tmp/orchestrator-rank*"))
     proc = start_run(tmp_path / "killed", *common, "run.name=killed", env=s3_env(s3_server))
     deadline = time.time() + 400
     while not set(glob.glob(pattern)) - before:
@@ -345,6 +345,9 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
 
     straight = finish_run(straight, tmp_path / "straight")
     assert straight.returncode == 0, straight.output[-4000:]
+    # The node's disk: the killed rank's staged shard of step 20 (and the folders of the rank
+    # torn down with it) removed by the next workers to start or end there.
+    assert set(glob.glob("/tmp/orchestrator-rank*")) - folders_before == set()
     a = sharded_state(store, tmp_path, "killed")
     b = sharded_state(CheckpointStore(spec_for(s3_server, "fsdp/straight")), tmp_path, "straight")
     assert a.keys() == b.keys() and any(k.startswith("optimizer.state") for k in a)

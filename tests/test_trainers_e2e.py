@@ -248,6 +248,7 @@ def test_lightgbm_learns_a_regression_from_streamed_parquet(ray_head, tmp_path):
     data = tmp_path / "regression.parquet"
     pq.write_table(pa.table({**{f"x{i}": x[:, i] for i in range(16)}, "label": y}), data,
                    row_group_size=1000)
+    bins_before = set(Path(tempfile.gettempdir()).glob("lgb-bins-*"))  # the workers' local disk
     result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}",
                      f"storage.uri={tmp_path / 'ckpt'}", "trainer=lightgbm", "data=parquet",
                      f"data.path={data}", "data.stream=true", "data.task=regression")
@@ -255,6 +256,7 @@ def test_lightgbm_learns_a_regression_from_streamed_parquet(ray_head, tmp_path):
     assert rec["train_metrics"].keys() == {"train_l2"}, rec["train_metrics"]
     # Measured R^2 0.85 for the same 50 rounds in one process on data=synthetic.
     assert rec["metrics"]["test_r2"] > 0.75 and rec["metrics"]["test_rmse"] > 0, rec["metrics"]
+    assert not set(Path(tempfile.gettempdir()).glob("lgb-bins-*")) - bins_before  # removed
 
     plan = plan_stream(DataConfig(name="parquet", path=str(data), stream="true"),
                        StorageSpec(str(data)), seed=rec["config"]["seed"], trainer=None,

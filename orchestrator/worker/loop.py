@@ -11,11 +11,9 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import tempfile
 import time
 import traceback
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -28,6 +26,7 @@ from orchestrator.storage.probe import check_worker_node
 from orchestrator.worker.spare import ask_for_spare_later
 from orchestrator.worker.start import WorkerSpec, start_point
 from orchestrator.worker.training_function import import_function
+from orchestrator.worker.workdir import Workdir
 from orchestrator.worker_api import WorkerContext, WorkerLifecycle
 
 PREEMPTION_GRACE_S = 5.0  # held past a notice's deadline before concluding the node stays
@@ -49,7 +48,7 @@ def train_loop_per_worker(config: dict) -> None:
     spec.recorder.worker_started.remote(rank, os.getpid(), ray.get_runtime_context().get_node_id())
     if ray.get(spec.recorder.permanent_error.remote()):
         return  # a failure repeated: the driver reports it; restarting again would not help
-    workdir = Path(tempfile.mkdtemp(prefix=f"orchestrator-rank{rank}-"))
+    workdir = Workdir(rank)  # removed at the end; a killed worker's, by the next one
     life: WorkerLifecycle | None = None
     spare = ask_for_spare_later(spec.spare_after_s, spec.recorder, says=rank == 0)  # worker/spare.py
     try:  # an exception from the training code is recorded, then re-raised
@@ -57,10 +56,10 @@ def train_loop_per_worker(config: dict) -> None:
         # as the driver does (a node that joined after the driver's check fails here, clearly).
         check_worker_node(config.get("storage_marker"))
         fn = import_function(spec.fn)
-        start = start_point(spec, rank, RayCollective(), workdir)
+        start = start_point(spec, rank, RayCollective(), workdir.path)
         devices = [int(g) for g in ray.get_gpu_ids()]
         ctx = WorkerContext(spec, rank, train.get_local_rank(), train.get_world_size(), devices,
-                            start, RayCollective(), workdir, train.get_node_rank(),
+                            start, RayCollective(), workdir.path, train.get_node_rank(),
                             train.get_local_world_size())
         life = WorkerLifecycle(ctx)
         result = fn(ctx, copy.deepcopy(spec.config))
@@ -83,7 +82,7 @@ def train_loop_per_worker(config: dict) -> None:
         if life is not None:
             life.close()
             shutil.rmtree(life.staging, ignore_errors=True)
-        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.remove()
     if ctx.should_preempt():
         hold_until_taken(spec, life)
     if rank == 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -115,7 +116,10 @@ def bins_reference(bounds) -> lgb.Dataset:
     # Built before lgb.train joins the network, without its parameters: bins found locally.
     reference = lgb.Dataset(x, label=np.zeros(rows), params={"verbosity": -1, **own},
                             free_raw_data=False)
-    return reference.construct()
+    try:
+        return reference.construct()
+    finally:  # read while it was built: the bins are the dataset's own from then on
+        shutil.rmtree(forced.parent, ignore_errors=True)
 
 
 class GroupRows(lgb.Sequence):
