@@ -228,12 +228,13 @@ class ShardCursor:
         while w < len(windows):
             end = start + windows[w].rows
             if end > first:
-                ids, x, y = self._window_data(epoch, w).result()
+                data = self._window_data(epoch, w)
+                if self._ahead_of != (epoch, w):  # once a window: reading ahead is idempotent
+                    self._ahead_of = (epoch, w)  # (asked before waiting: the first window's
+                    self._read_ahead(epoch, w, end)  # wait would leave the other threads idle)
+                ids, x, y = data.result()
                 lo, hi = first - start if first > start else 0, min(last, end) - start
                 parts.append((ids[lo:hi], x[lo:hi], y[lo:hi]))
-                if self._ahead_of != (epoch, w):  # once a window: reading ahead is idempotent
-                    self._ahead_of = (epoch, w)
-                    self._read_ahead(epoch, w, end)
             if end >= last:
                 break
             start, w = end, w + 1
