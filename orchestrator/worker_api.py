@@ -329,6 +329,15 @@ class WorkerContext:
         return self._spec.run_name
 
     @property
+    def local_dir(self) -> Path:
+        """A folder on this node's disk for this worker alone (caches, scratch files): removed
+        when the worker ends, and, if it is killed, by the next worker to start or end on the
+        node (orchestrator/worker/workdir.py)."""
+        folder = self._workdir / "local"
+        folder.mkdir(exist_ok=True)
+        return folder
+
+    @property
     def max_restarts(self) -> int:
         """failure.max_restarts: how many restarts after a failure the run allows."""
         return self._spec.max_restarts

@@ -221,12 +221,30 @@ def test_xgboost_on_parquet(ray_head, tmp_path):
     them on absolute."""
     (tmp_path / "digits").mkdir()
     write_digits_parquet(tmp_path / "digits" / "part-0.parquet", row_group_size=200)
-    pages_before = set(Path(tempfile.gettempdir()).glob("xgb-extmem-*"))  # the workers' local disk
-    result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}", "storage.uri=ckpt",
-                     "trainer=xgboost", "data=parquet", "data.path=digits", "data.stream=true",
-                     "trainer.external_memory=true", "data.label=digit", cwd=tmp_path)
+    import threading
+
+    # The pages go in each worker's own folder on its node's disk (ctx.local_dir), which goes
+    # when the worker ends (or, killed, with the next worker there): seen while the run goes.
+    node_disk = Path(tempfile.gettempdir())
+    folders_before, pages, done = set(node_disk.glob("orchestrator-rank*")), set(), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.02):
+            pages.update(node_disk.glob("orchestrator-rank*/local/xgb-extmem-*/cache*"))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}", "storage.uri=ckpt",
+                         "trainer=xgboost", "data=parquet", "data.path=digits", "data.stream=true",
+                         "trainer.external_memory=true", "data.label=digit", cwd=tmp_path)
+    finally:
+        done.set()
+        watcher.join()
     rec = assert_succeeded(result, "xgboost")
-    assert not set(Path(tempfile.gettempdir()).glob("xgb-extmem-*")) - pages_before  # removed
+    assert {p.parts[-4][:len("orchestrator-rank") + 1] for p in pages} == {
+        "orchestrator-rank0", "orchestrator-rank1"}, pages  # each rank's own
+    assert not set(node_disk.glob("orchestrator-rank*")) - folders_before  # removed with them
     assert rec["config"]["data"]["path"] == str(tmp_path / "digits")
     assert rec["checkpoint_uri"].startswith(str(tmp_path / "ckpt"))
     assert rec["config"]["data"]["task"] == "classification"  # integer labels: inferred

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -109,11 +110,12 @@ class ShareChunks(xgb.DataIter):
         self._chunks = None
 
 
-def streamed_data(share, tcfg: Mapping[str, Any], params: dict):
+def streamed_data(share, tcfg: Mapping[str, Any], params: dict, local_dir: Path):
     """(train matrix, its rows, evaluate): this rank's share of streamed parquet (ctx.share());
     held-out metrics are sums over the ranks' own test rows (xgboost's all-reduce)."""
     if tcfg.get("external_memory"):  # the quantised pages live in the worker's local disk
-        folder = tempfile.mkdtemp(prefix="xgb-extmem-")
+        # (ctx.local_dir: a killed worker's pages, as large as its share, go with its folder)
+        folder = tempfile.mkdtemp(prefix="xgb-extmem-", dir=local_dir)
         matrix = xgb.ExtMemQuantileDMatrix(ShareChunks(share, os.path.join(folder, "cache")),
                                            max_bin=params["max_bin"])
         # xgboost removes its pages with the matrix, not the folder: it goes with them.
@@ -150,7 +152,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         share = ctx.share()
         classes = share.num_classes
         params = booster_params(tcfg, classes, ctx.seed) | {"nthread": threads}
-        dtrain, samples, evaluate = streamed_data(share, tcfg, params)
+        dtrain, samples, evaluate = streamed_data(share, tcfg, params, ctx.local_dir)
     else:
         dtrain, samples, classes, evaluate = in_memory_data(ctx)
         params = booster_params(tcfg, classes, ctx.seed) | {"nthread": threads}
