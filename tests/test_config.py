@@ -77,6 +77,20 @@ def test_bad_overrides_name_the_key(overrides, key):
     assert key in message and "\n" not in message
 
 
+@pytest.mark.parametrize("flag", [[], ["--multirun"]])
+def test_an_override_hydra_cannot_parse_is_named_with_the_quoting_that_fixes_it(flag):
+    """A glob's brackets are Hydra's list syntax: the line names the override and shows it
+    quoted, and the quoted form is accepted, as one value, not a list."""
+    with pytest.raises(ConfigError) as err:
+        check_command_line([*flag, "data=parquet", "data.path=data/part[01].parquet"], CONF_DIR)
+    assert str(err.value) == (
+        "cannot parse 'data.path=data/part[01].parquet': mismatched input '[' expecting <EOF>; "
+        "a value with brackets, commas or spaces goes in quotes: "
+        "'data.path=\"data/part[01].parquet\"'")
+    assert expand_sweep(['data.path="data/part[01].parquet"'], multirun=bool(flag)) == [
+        ['data.path="data/part[01].parquet"']]
+
+
 @pytest.mark.parametrize("name", ["../x", "a/b", ".."])
 def test_a_sweep_name_stays_one_folder(name):
     with pytest.raises(ConfigError) as err:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hydra import compose, initialize_config_dir
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
@@ -63,14 +62,12 @@ def is_hydra_override(line: str) -> bool:
 
 def expand_sweep(overrides: list[str], multirun: bool) -> list[list[str]]:
     """The override list of every trial of a command-line sweep (a plain run is one trial)."""
-    from orchestrator.sweep.space import build_space, check_values
+    from orchestrator.sweep.space import build_space, check_values, parse
 
     overrides = [o for o in overrides if not is_hydra_override(o)]
     if not multirun:
-        try:
-            OverridesParser.create().parse_overrides(overrides)
-        except OverrideParseException as exc:
-            raise ConfigError(f"cannot parse the overrides: {one_line(exc)}") from exc
+        for line in overrides:
+            parse(line)  # the first one Hydra's grammar refuses, named
         return [overrides]
     return check_values(build_space(overrides, {}))
 

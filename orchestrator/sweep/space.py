@@ -56,7 +56,17 @@ def parse(line: str) -> Override:
     try:
         return OverridesParser.create().parse_overrides([line])[0]
     except OverrideParseException as exc:
-        raise ConfigError(f"cannot parse {line!r}: {one_line(exc)}") from exc
+        raise ConfigError(unparsable(line, exc)) from exc
+
+
+def unparsable(line: str, exc: Exception) -> str:
+    """One line for an override Hydra's grammar refuses, with the fix when it is the usual
+    one: a value holding brackets (a glob's data/part[01].parquet), a comma or a space."""
+    key, _, value = line.partition("=")
+    hint = ""
+    if value and not value.startswith(("'", '"')) and any(c in value for c in "[]{}(), "):
+        hint = f"; a value with brackets, commas or spaces goes in quotes: '{key}=\"{value}\"'"
+    return f"cannot parse {line!r}: {one_line(exc)}{hint}"
 
 
 def dimension(ov: Override) -> Dimension:
