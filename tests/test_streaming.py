@@ -129,6 +129,28 @@ def test_changed_data_is_named_and_refused_unless_asked(tmp_path):
     assert what_changed(now.summary(), now) is None
 
 
+@pytest.mark.parametrize("pattern, parts", [
+    ("{folder}", [0, 1, 2, 3]), ("{folder}/part-*.parquet", [0, 1, 2, 3]),
+    ("{folder}/part-0[13].parquet", [1, 3]), ("{folder}/part-0?.parquet", [0, 1, 2, 3])])
+def test_every_reader_sees_the_files_the_stream_reads(tmp_path, pattern, parts):
+    """A glob (brackets too) and a folder holding other files (Spark's _SUCCESS and .crc
+    files, a README): the driver's check, the in-memory read and the stream's manifest take
+    the same parquet files (the check used to open the path as it was: a glob was 'no parquet
+    data there', and so was a folder with a README)."""
+    from orchestrator.data.datasets import check_parquet, read_parquet
+
+    folder = write_data(tmp_path / "data")
+    for other in ("_SUCCESS", ".part-00.parquet.crc", "README.txt"):
+        (folder / other).write_text("not parquet")
+    path = pattern.format(folder=folder)
+    files = [str(folder / f"part-{p:02d}.parquet") for p in parts]
+    assert sorted(check_parquet(config(path)).files) == files
+    x, _, names, _, _ = read_parquet(config(path), None)
+    assert names[0] == "id" and sorted(x[:, 0].astype(int)) == [
+        i for p in parts for i in range(p * 150, p * 150 + 150)]
+    assert [f.path for f in stream_plan(path).manifest.files] == files
+
+
 @pytest.mark.parametrize("case, message", [
     ("empty", r"data.path=.*: no parquet files there"),
     ("schema", r"part-01.parquet has another schema than .*part-00.parquet \('f1' is double"),

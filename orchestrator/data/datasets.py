@@ -140,10 +140,13 @@ def split(x, y, test_fraction: float, seed: int, names, task: str = "classificat
 def _parquet_dataset(cfg: DataConfig, storage: StorageSpec | None, key: str = "data.path"):
     import pyarrow.dataset as pads
 
+    from orchestrator.data.manifest import list_files
+
     spec = storage.sibling(cfg.path) if storage else StorageSpec(cfg.path)
     fs, path = spec.filesystem()
-    try:
-        return pads.dataset(path, filesystem=fs, format="parquet")
+    try:  # the files a streamed run reads too: a glob's matches, a folder's *.parquet
+        files = [info.path for info in list_files(fs, path, key)]
+        return pads.dataset(files, filesystem=fs, format="parquet")
     except (FileNotFoundError, OSError, pa.ArrowInvalid) as exc:
         raise ConfigError(f"{key}={cfg.path!r}: no parquet data there ({one_line(exc)})") from exc
 
