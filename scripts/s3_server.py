@@ -159,7 +159,7 @@ class SeaweedS3:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", default=None, help="data directory (default: a temporary one)")
+    parser.add_argument("--dir", default=None, help="data directory (default: a temporary one, removed at the end)")
     parser.add_argument("--port", type=int, default=8333, help="S3 port (gRPC takes port+10000)")
     parser.add_argument("--bucket", default=None, help="create this bucket")
     args = parser.parse_args()
@@ -176,12 +176,18 @@ def main() -> None:
           f"  python -m orchestrator storage=s3 storage.uri=s3://{args.bucket or 'ckpt'}/runs "
           f"storage.endpoint={server.endpoint}\n"
           "Ctrl-C stops the server.", flush=True)
+    # SIGTERM and SIGHUP stop it as Ctrl-C does (a closed terminal or `kill` left weed running:
+    # it is in its own process group, and a background job of a script ignores SIGINT).
+    for stop_on in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop_on, signal.default_int_handler)
     try:
         signal.pause()
     except KeyboardInterrupt:
         pass
     finally:
         server.stop()
+        if args.dir is None:  # a temporary folder of its own: nothing to keep
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
