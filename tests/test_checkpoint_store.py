@@ -536,7 +536,8 @@ time.sleep(600)
 def test_the_node_folders_of_killed_workers_go_with_the_next_worker_and_live_ones_stay(tmp_path):
     """A worker SIGKILLed (as a restart tears down its group) keeps its staged snapshot on the
     node's disk; the next worker to start or end there removes it, never a live worker's
-    folder (another process's, or its own), nor a folder it cannot tell is a worker's."""
+    folder (another process's, or its own), nor a folder it cannot tell is a worker's, nor one
+    another machine made (a shared TMPDIR, where that machine's lock may not show here)."""
     import signal
     import subprocess
     import sys
@@ -551,6 +552,9 @@ def test_the_node_folders_of_killed_workers_go_with_the_next_worker_and_live_one
     (killed, dead), (alive, live) = hold(0), hold(1)
     other = tmp_path / "orchestrator-rank2-noowner"  # an older version's, or being made
     other.mkdir()
+    elsewhere = tmp_path / "orchestrator-rank3-elsewhere"  # a shared TMPDIR: another machine's
+    elsewhere.mkdir()
+    (elsewhere / ".owner").write_text("another-host")  # unlocked here, maybe not there
     try:
         assert (dead / "staging" / "shard").exists() and (live / "staging" / "shard").exists()
         killed.send_signal(signal.SIGKILL)
@@ -558,6 +562,7 @@ def test_the_node_folders_of_killed_workers_go_with_the_next_worker_and_live_one
         assert (dead / "staging" / "shard").exists()  # a killed worker cleans nothing
         mine = Workdir(0, tmp_path)
         assert not dead.exists() and (live / "staging" / "shard").exists() and other.exists()
+        assert (elsewhere / ".owner").exists()
         second = Workdir(1, tmp_path)  # this process's first folder is live too
         assert mine.path.exists() and second.path.exists()
         alive.send_signal(signal.SIGKILL)
@@ -566,11 +571,31 @@ def test_the_node_folders_of_killed_workers_go_with_the_next_worker_and_live_one
         assert not mine.path.exists() and not live.exists() and second.path.exists()
         second.remove()
         second.remove()  # twice is harmless
-        assert [p.name for p in tmp_path.iterdir()] == [other.name]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, elsewhere.name]
     finally:
         for proc in (killed, alive):
             proc.kill()
             proc.wait(timeout=60)
+
+
+def test_a_worker_folder_on_a_filesystem_without_locks_is_kept_out_of_the_sweeps(tmp_path,
+                                                                               monkeypatch):
+    """Where flock is not supported (some network filesystems), the worker still runs; its
+    folder has no lock file, so no other worker ever takes it for abandoned."""
+    import errno
+
+    from orchestrator.worker import workdir
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(workdir.fcntl, "flock", no_locks)
+    mine = workdir.Workdir(0, tmp_path)
+    assert mine.path.is_dir() and not (mine.path / workdir.OWNER).exists()
+    monkeypatch.undo()
+    assert workdir.remove_abandoned(tmp_path) == [] and mine.path.is_dir()
+    mine.remove()
+    assert not mine.path.exists()
 
 def test_a_straggler_of_a_dead_attempt_cannot_touch_a_committed_checkpoint(store, tmp_path):
     """Issue 26, 7: a rank of an attempt that was given up (cut off by a partition) passed the

@@ -7,22 +7,27 @@ would leave a checkpoint's copy behind on every node. The folders of dead worker
 removed by the next worker that starts or ends on the node. A live worker holds a lock on a file
 in its folder; the kernel drops the lock with the process however it died, so a folder whose lock
 can be taken has no owner left. Locks, not process ids: nodes may share a /tmp across process
-namespaces (the tests' hosts do).
+namespaces. The lock file names its host, and only this host's folders are removed: where
+the temporary folder is shared between machines (a TMPDIR on a network filesystem), a lock
+may be seen by its own machine only. Where the filesystem has no locks at all, a folder gets
+no lock file and is never removed by another worker (as before).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 PREFIX = "orchestrator-rank"
-OWNER = ".owner"  # locked by the live worker; shows only once locked (made under another name)
+OWNER = ".owner"  # locked by the live worker, naming its host; shows only once locked
 
 
 class Workdir:
@@ -35,7 +40,14 @@ class Workdir:
         self.path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{rank}-", dir=self.root))
         making = self.path / f"{OWNER}.new"
         self._fd = os.open(making, os.O_CREAT | os.O_WRONLY, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:  # a filesystem without locks: kept out of every sweep
+            if exc.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL):
+                raise
+            log.info("no lock on %s (%s): a killed worker's folder stays there", self.path, exc)
+            return
+        os.write(self._fd, socket.gethostname().encode())
         os.rename(making, self.path / OWNER)
 
     def remove(self) -> None:
@@ -50,7 +62,7 @@ class Workdir:
 
 def remove_abandoned(root: Path) -> list[Path]:
     """Remove this user's worker folders under ``root`` whose owner is gone; return them."""
-    removed = []
+    removed, host = [], socket.gethostname()
     try:
         entries = [e for e in os.scandir(root) if e.name.startswith(PREFIX)]
     except OSError:
@@ -64,6 +76,8 @@ def remove_abandoned(root: Path) -> list[Path]:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.read(fd, 256).decode(errors="replace") != host:
+                continue  # another machine's: its lock may not show here
         except OSError:  # its worker is alive
             continue
         else:  # held while it goes: no other worker removes it at the same time
