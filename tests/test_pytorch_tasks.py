@@ -114,3 +114,49 @@ def test_a_metric_that_is_not_one_number_is_named_by_the_trial(monkeypatch):
     with pytest.raises(ConfigError, match=r"^trainer.step_fn: in evaluation: ValueError: its "
                        r"metric 'mae' is \(2,\), not one number"):
         check_training(trainer, data)
+
+
+TRIAL_WITHOUT_DYNAMO = """
+import sys, json
+sys.path.insert(0, {tests!r}); sys.path.insert(0, {project!r})
+import torch
+from test_pytorch_tasks import job
+from orchestrator.worker.training_function import check_training
+seen, marked = [], []
+for model in {models!r}:
+    trainer, data = job("classification", "tuple", None)
+    if model:
+        trainer["model"] = {{"_target_": "mypkg.tasks.compiled_net", "task": "classification",
+                            "dynamo_first": model == "dynamo_first"}}
+    check_training(trainer, data)
+    seen.append("torch._dynamo" in sys.modules)
+    mark = torch.optim.Optimizer.add_param_group.__wrapped__.__dict__.get("__dynamo_disable")
+    marked.append(mark is not None)
+print(json.dumps({{"dynamo_imported": seen, "marked": marked,
+                  "real": type(sys.modules.get("torch._dynamo")).__name__}}))
+"""
+
+
+@pytest.mark.parametrize("models, imported", [
+    ((None, "dynamo_first"), [False, True]),  # a submodule import: tried again on the real one
+    (("compiled",), [True]),  # torch.compile asks the stand-in for more: the real one takes over
+])
+def test_the_driver_trial_imports_no_dynamo_unless_the_parts_compile(models, imported):
+    """torch.optim imports torch._dynamo (~1 CPU-second) to mark its methods; the driver's
+    trial stands a module in for it (trainers/pytorch/dynamo_stand_in.py). In a fresh
+    interpreter: the default parts' trial leaves it unimported, and torch's methods without
+    the stand-in's marks; parts that compile still pass, on the real module."""
+    import json
+    import subprocess
+    import sys
+
+    tests = Path(__file__).parent
+    code = TRIAL_WITHOUT_DYNAMO.format(tests=str(tests), project=str(tests / "user_project"),
+                                       models=models)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tests.parent, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["dynamo_imported"] == imported
+    assert result["real"] == ("module" if imported[-1] else "NoneType")
+    assert result["marked"] == imported  # the real disable marks torch's methods, ours never

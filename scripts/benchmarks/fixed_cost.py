@@ -86,6 +86,10 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         head = start_head(work / "warm-head")
         sides["orchestrator_warm"] = orchestrated(
             "orchestrator_warm", [f"cluster.address={head.address}"], {})
+        if getattr(args, "fixed_tree", None):  # the older checkout's driver joining it too
+            sides["orchestrator_tree_warm"] = orchestrated(
+                "orchestrator_tree_warm", [f"cluster.address={head.address}"],
+                {"PYTHONSAFEPATH": "1", "PYTHONPATH": args.fixed_tree})
     try:
         runs = interleave(sides, args.repeats, log=lambda m: progress(f"fixed_cost {m}"))
     finally:

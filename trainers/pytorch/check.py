@@ -83,12 +83,21 @@ def tiny_batch(dcfg: dict):
 
 def check_parts(cfg: dict) -> list[str] | None:
     """The trial, with the frameworks' warnings kept off the terminal (the user gets one
-    line when something is wrong, nothing when all is well)."""
+    line when something is wrong, nothing when all is well), and without torch._dynamo's
+    import where the parts never ask for it (dynamo_stand_in.py)."""
     import warnings
+
+    from trainers.pytorch.dynamo_stand_in import without_dynamo
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return trial(cfg)
+        try:
+            with without_dynamo() as stood_in:
+                return trial(cfg)
+        except Exception:
+            if not stood_in:
+                raise
+        return trial(cfg)  # as the workers will run it, for the error they would meet
 
 
 def trial(cfg: dict) -> list[str] | None:

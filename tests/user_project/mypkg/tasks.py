@@ -61,3 +61,13 @@ def step(model, batch, task: str, with_metrics: bool = False):
         loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
         metrics = {"accuracy": (out.argmax(-1) == y).float().mean()}
     return (loss, metrics) if with_metrics else loss
+
+
+def compiled_net(task: str, dynamo_first: bool = False):
+    """A user who compiles their model (torch.compile, eager backend: no C compiler), having
+    set torch._dynamo's config first (an import of one of its submodules) or not."""
+    if dynamo_first:
+        import importlib
+
+        importlib.import_module("torch._dynamo.config").suppress_errors = False
+    return torch.compile(Net(task), backend="eager")
