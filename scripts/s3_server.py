@@ -86,7 +86,8 @@ class SeaweedS3:
         identities.chmod(0o600)
         log = open(self.data_dir / "weed.log", "ab")
         self.process = subprocess.Popen(
-            [*self.command_prefix, weed_binary(), "server", f"-dir={self.data_dir}", "-s3",
+            [*self.command_prefix, weed_binary(), f"-logdir={self.data_dir}", "server",
+             f"-dir={self.data_dir}", "-s3",
              f"-s3.port={self.s3_port}", f"-s3.config={identities}", f"-ip={self.host}",
              f"-ip.bind={self.bind}",
              f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
@@ -126,7 +127,7 @@ class SeaweedS3:
 
     def shell(self, command: str) -> str:
         """One command of ``weed shell`` against this server (its identities, for one)."""
-        done = subprocess.run([*self.command_prefix, weed_binary(), "shell",
+        done = subprocess.run([*self.command_prefix, weed_binary(), f"-logdir={self.data_dir}", "shell",
                                f"-master={self.host}:{self.ports['master']}"],
                               input=command + "\n", capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
@@ -144,17 +145,31 @@ class SeaweedS3:
 
     def stop(self, kill: bool = False) -> None:
         """Stop our own server by pid: SIGTERM, then SIGKILL (weed can outlive SIGTERM)."""
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
+            return
+        if self.process.poll() is not None:
+            self.remove_sockets()
             return
         if not kill:
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout=2)
+                self.remove_sockets()
                 return
             except subprocess.TimeoutExpired:
                 pass
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        self.remove_sockets()
+
+    def remove_sockets(self) -> None:
+        """weed makes a Unix socket in /tmp per port (seaweedfs-s3-<port>.sock, ...), and a
+        killed one leaves them: ours go (named by our ports and their gRPC ports)."""
+        ports = {self.s3_port, *self.ports.values()}
+        for port in ports | {p + 10000 for p in ports}:
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                if sock.is_socket():
+                    sock.unlink(missing_ok=True)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import secrets
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -148,6 +149,10 @@ def test_a_checkpoint_unreachable_at_start_stops_the_start_instead_of_starting_o
         subprocess.run(["umount", str(cache)], check=True)
 
     s3_server.stop(kill=True)
+    # A killed weed leaves its Unix sockets in /tmp; the helper removes its own (and its
+    # logs go to its data folder).
+    assert not [p for p in Path("/tmp").glob("seaweedfs-*.sock")
+                if any(str(port) in p.name for port in (s3_server.s3_port, *s3_server.ports.values()))]
     try:
         skipped: list[str] = []
         with pytest.raises(CheckpointUnreachable, match="could not be (read|listed)") as raised:

@@ -172,6 +172,8 @@ def test_mwms_with_a_users_keras_model_survives_a_killed_worker_exactly(
               "+trainer.model.width=32", "trainer.epochs=100", "trainer.max_steps=600",
               "checkpoint.every_steps=100", "checkpoint.keep=0", "cluster.cpus_per_worker=0.5"]
     env = s3_env(s3_server)
+    autograph = Path(tempfile.gettempdir()).glob  # the workers' node's temporary folder
+    autograph_before = set(autograph("__autograph_generated_file*"))
     proc = start_run(tmp_path / "killed", *common, "run.name=killed", env=env)
     # The uninterrupted run goes alongside (each takes half the head's CPUs).
     straight = start_run(tmp_path / "straight", *common, "run.name=straight", env=env)
@@ -204,6 +206,8 @@ def test_mwms_with_a_users_keras_model_survives_a_killed_worker_exactly(
         x, y = np.load(io.BytesIO(a[name])), np.load(io.BytesIO(b[name]))
         assert all(np.array_equal(x[k], y[k]) for k in x.files), f"{name} differs"
     assert_no_secret(s3_server, [straight])
+    # TensorFlow's converted functions went to each worker's folder, and went with it.
+    assert not set(autograph("__autograph_generated_file*")) - autograph_before
 
 
 def write_digits_parquet(path, label="digit", row_group_size=None) -> None:

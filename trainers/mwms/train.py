@@ -8,6 +8,8 @@ mirrored, so rank 0 alone writes them into a checkpoint.
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 from hydra.utils import instantiate
 
@@ -86,6 +88,17 @@ def held_out_sums(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 @training_function(config=MWMSConfig, check=check_model_target, streams=True)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
+    # TensorFlow's autograph writes each function it converts to a temporary file, removed
+    # at interpreter exit, which a Ray worker never reaches: they go to this worker's own
+    # folder instead, removed with it (a killed worker's too).
+    before, tempfile.tempdir = tempfile.tempdir, str(ctx.local_dir)
+    try:
+        return train(ctx, cfg)
+    finally:
+        tempfile.tempdir = before
+
+
+def train(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     # Imported here, not with the module: the driver checks this function's config without
     # TensorFlow's seconds of start-up and its lines on stderr.
     import tensorflow as tf
