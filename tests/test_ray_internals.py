@@ -33,13 +33,13 @@ def without_switch(monkeypatch) -> None:
 
 def test_helper_actors_a_run_does_not_need_are_not_started(monkeypatch):
     """Ray Train's real default callbacks, through the hook: the cleaner and the datasets
-    callback are there before, gone (or pinned) after."""
+    callback are there before, gone after (a sweep's trial registers its groups instead)."""
     from ray.train.v2._internal.callbacks import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import (
         PlacementGroupCleanerCallback,
     )
 
-    from orchestrator.ray_internals.pg_cleaner import PinnedPlacementGroupCleanerCallback
+    from orchestrator.ray_internals.pg_cleaner import RegisteredGroupsCallback
     from orchestrator.ray_internals.preemption_watch import PreemptionWatchThread
     from orchestrator.ray_internals.train_hooks import without_unneeded_actors
 
@@ -54,13 +54,13 @@ def test_helper_actors_a_run_does_not_need_are_not_started(monkeypatch):
     without_unneeded_actors(run, keep_cleaner=False)
     after = kinds(run)
     assert not after & {DatasetsCallback, PlacementGroupCleanerCallback,
-                        PinnedPlacementGroupCleanerCallback}, after
+                        RegisteredGroupsCallback}, after
     # The rest kept; the preemption watcher runs in the controller (the next test).
     assert after == before - {DatasetsCallback, PlacementGroupCleanerCallback} \
         | {PreemptionWatchThread}
-    trial = real_trainer()  # a sweep's trial keeps its cleaner, pinned to the cluster
+    trial = real_trainer()  # a sweep's trial: its groups registered, for the sweep's driver
     without_unneeded_actors(trial, keep_cleaner=True)
-    assert PinnedPlacementGroupCleanerCallback in kinds(trial)
+    assert RegisteredGroupsCallback in kinds(trial)
     assert PlacementGroupCleanerCallback not in kinds(trial)
 
 
@@ -151,14 +151,6 @@ def test_the_sigint_hook_is_what_fit_calls_with_the_controller():
     assert controller.handle is None  # known once fit() made it
 
 
-def test_the_placement_group_cleaner_is_created_where_the_pinned_one_replaces_it():
-    from ray.train.v2._internal.callbacks import placement_group_callback
-
-    source = inspect.getsource(placement_group_callback.PlacementGroupCleanerCallback)
-    assert "PlacementGroupCleaner" in source.replace("PlacementGroupCleanerCallback", "")
-    assert hasattr(placement_group_callback, "PlacementGroupCleaner")
-
-
 @pytest.mark.parametrize("names", ["ENV_KNOBS", "CORE_KNOBS"])
 def test_every_environment_variable_set_for_ray_is_one_ray_reads(names):
     import ray
@@ -210,46 +202,53 @@ def test_controller_polls_every_half_second_unless_the_user_says(monkeypatch):
     assert env["TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S"] == "2"  # the torch backend's own
 
 
-def test_the_kept_cleaner_finds_its_own_cluster_and_removes_a_dead_controllers_group(monkeypatch):
-    """Every Ray process here sees RAY_ADDRESS pointing at a dead cluster (what a stale
-    `ray start` record does to the state API): Ray's own cleaner waits for that cluster's GCS
-    and never cleans (this test fails with it); the pinned one asks its own cluster."""
-    import time
-
+def test_the_sweeps_driver_removes_the_groups_of_dead_trial_controllers_only(monkeypatch):
+    """A sweep's trial controllers register their workers' placement groups; the sweep's
+    driver removes those whose controller died (a trial Tune stopped), not a live one's, and
+    forgets one its controller removed itself. Every Ray process here sees RAY_ADDRESS
+    pointing at a dead cluster (what a stale `ray start` record does to Ray's state API, which
+    Ray's own cleaner asked): the GCS is asked directly."""
     import ray
+    from ray.experimental import internal_kv
     from ray.util.placement_group import placement_group, placement_group_table
 
-    from orchestrator.ray_internals.pg_cleaner import PinnedPlacementGroupCleaner
+    from orchestrator.ray_internals import pg_cleaner
 
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # inherited by the raylet's workers
-    # The cleaner asks the state API, which the dashboard serves.
-    ray.init(address="local", num_cpus=1, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=0)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
         @ray.remote(num_cpus=0)
-        class Controller:
-            def ping(self) -> int:
-                return 1
+        class Controller:  # makes and registers a group, as a trial's controller does
+            def start(self, cpus: float) -> str:
+                group = placement_group([{"CPU": cpus}])
+                ray.get(group.ready(), timeout=30)
+                pg_cleaner.register(group, ray.get_runtime_context().get_actor_id())
+                self.group = group
+                return group.id.hex()
 
-        controller = Controller.remote()
-        ray.get(controller.ping.remote())
-        group = placement_group([{"CPU": 1}])
-        ray.get(group.ready(), timeout=30)
-        cleaner = ray.remote(num_cpus=0)(PinnedPlacementGroupCleaner).options(
-            lifetime="detached").remote(controller_actor_id=controller._actor_id.hex(),
-                                        check_interval_s=0.2, get_actor_timeout_s=5,
-                                        stop_timeout=10)
-        ray.get(cleaner.register_placement_group.remote(group))
-        cleaner.start_monitoring.remote()
-        time.sleep(1.5)
-        assert placement_group_table(group)["state"] == "CREATED"  # its controller lives
-        ray.kill(controller)
-        deadline = time.time() + 20
-        while time.time() < deadline and placement_group_table(group)["state"] != "REMOVED":
-            time.sleep(0.2)
-        assert placement_group_table(group)["state"] == "REMOVED"
+            def end(self) -> None:  # a run that ended: its controller removed its group
+                ray.util.remove_placement_group(self.group)
+
+        stopped, live, ended = Controller.remote(), Controller.remote(), Controller.remote()
+        ids = ray.get([stopped.start.remote(0.5), live.start.remote(0.5), ended.start.remote(0.5)])
+        ray.get(ended.end.remote())
+        assert pg_cleaner.remove_orphaned_groups() == []  # every controller is alive
+        ray.kill(stopped)
+        ray.kill(ended)
+        assert pg_cleaner.remove_orphaned_groups() == [ids[0]]  # the stopped trial's only
+        state = {i: placement_group_table(pg_from(i))["state"] for i in ids}
+        assert state == {ids[0]: "REMOVED", ids[1]: "CREATED", ids[2]: "REMOVED"}
+        left = internal_kv._internal_kv_list(pg_cleaner.key_prefix(), namespace=pg_cleaner.NAMESPACE)
+        assert [k.decode().rsplit(":", 1)[1] for k in left] == [ids[1]]  # the live one's entry
     finally:
         ray.shutdown()
+
+
+def pg_from(group_id: str):
+    import ray
+    from ray.util.placement_group import PlacementGroup
+
+    return PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
 
 
 def test_a_run_says_which_hook_a_ray_upgrade_took_away():

@@ -3,6 +3,8 @@ preflight checks, the scaling arithmetic and the report."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from orchestrator.cli import CONF_DIR
@@ -96,6 +98,28 @@ def test_every_trial_reports_the_run_figures():
               "wall_s": 3.0, "samples_per_s": 50.0, "world_sizes": [{"size": 2}]}
     final = Progress("test_mse", 2).final(record)
     assert set(final) - {"test_mse", "loss", "final"} == set(RUN_FIGURES)
+
+
+def test_a_trial_reports_every_evaluation_once_however_many_came_between_two_reads():
+    """ASHA compares trials at given steps: a trial that evaluated at steps 20, 40 and 60
+    between two reads of its run.json reports all three, in order (it reported the newest
+    only, so a fast trial skipped the rungs a slower one was judged at)."""
+    from orchestrator.driver.record import RunRecord
+
+    run = RunRecord(run_name="r", trainer="t", config={}, checkpoint_uri="")
+    progress = Progress("test_loss", 2)
+    for step in (20, 40, 60):
+        run.evaluated(step, {"test_loss": 1.0 / step})
+    first = progress.updates(json.loads(json.dumps(run.to_dict())))
+    assert [(u["step"], u["test_loss"]) for u in first] == [(s, 1.0 / s) for s in (20, 40, 60)]
+    run.evaluated(80, {"test_loss": 0.0125})
+    again = progress.updates(json.loads(json.dumps(run.to_dict())))
+    assert [u["step"] for u in again] == [80]  # none twice
+    assert progress.updates(json.loads(json.dumps(run.to_dict()))) == []
+    # A training metric: the newest value, once per new step.
+    loss = Progress("loss", 1)
+    assert [u["step"] for u in loss.updates({"steps": 7, "train_metrics": {"loss": 0.3}})] == [7]
+    assert loss.updates({"steps": 7, "train_metrics": {"loss": 0.3}}) == []
 
 
 REGRESSION = ["-m", "cluster.workers=1,2", "data.task=regression"]

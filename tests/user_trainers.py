@@ -27,8 +27,20 @@ def fails_at_step_35(ctx, cfg):
 
 def fails_for_one_lr(ctx, cfg):
     """The DDP loop with a bug at step 15, when trainer.lr is trainer.fail_lr (one trial of a
-    sweep fails, the others do not)."""
+    sweep fails, the others do not); with trainer.slow_lr, that trial's steps after step 20
+    take half a second each, so a scheduler that stops it there does so while it runs, however
+    fast the machine (if none does, it ends ~45 s later)."""
+    slow = cfg["trainer"]["lr"] == cfg["trainer"].pop("slow_lr", None)
     if cfg["trainer"]["lr"] != cfg["trainer"].pop("fail_lr"):
+        if slow:
+            step_done = ctx.step_done
+
+            def slow_step_done(step, metrics=None, samples=0):
+                step_done(step, metrics, samples)
+                if step > 20:
+                    time.sleep(0.5)
+
+            ctx.step_done = slow_step_done
         return import_function(DDP)(ctx, cfg)
     step_done = ctx.step_done
 

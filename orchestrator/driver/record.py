@@ -13,6 +13,8 @@ from orchestrator.redaction import REDACTED, redact
 
 __all__ = ["REDACTED", "RunRecord", "redact"]  # redact: the config's, before it is recorded
 
+RECENT_EVALUATIONS = 100  # kept in run.json's "evaluations"
+
 
 @dataclass
 class RunRecord:
@@ -33,6 +35,9 @@ class RunRecord:
     metrics: dict = field(default_factory=dict)
     train_metrics: dict = field(default_factory=dict)
     evaluation: dict | None = None  # the newest periodic evaluation: {"step", "metrics"}
+    # The newest RECENT_EVALUATIONS of them, oldest first: a sweep's trial reads run.json
+    # about once a second and reports each one to Tune, however many came in between.
+    evaluations: list[dict] = field(default_factory=list)
     time_to_first_step_s: float | None = None
     wall_s: float | None = None
     # The one throughput figure (the progress line, run.json, a sweep's report): samples per
@@ -98,6 +103,7 @@ class RunRecord:
 
     def evaluated(self, step: int, metrics: dict) -> None:
         self.evaluation = {"step": step, "metrics": dict(metrics)}
+        self.evaluations = [*self.evaluations, self.evaluation][-RECENT_EVALUATIONS:]
 
     def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float,
                    write_s: float = 0.0) -> None:

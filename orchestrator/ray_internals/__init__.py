@@ -5,7 +5,9 @@
   `ray start` records its address in;
 - train_hooks.py: Ray Train's private trainer hooks (its default callbacks, its SIGINT
   handler) and the controller's settings made of knobs.py's environment variables;
-- pg_cleaner.py: Ray Train's placement-group cleaner, subclassed to pin it to its cluster;
+- pg_cleaner.py: a sweep trial's placement groups, registered in Ray's internal key-value
+  store for the sweep's driver to remove once their controller is dead (instead of Ray Train's
+  cleaner, a process per trial);
 - prestart.py: the raylet's PrestartWorkers call, for the processes kept ready for a restart;
 - preemption_watch.py: Ray Train's preemption watcher, run as a thread of its controller
   instead of an actor process per worker group;

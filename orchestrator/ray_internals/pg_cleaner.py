@@ -1,35 +1,81 @@
-"""Ray Train's placement-group cleaner, pinned to the cluster it runs in.
+"""The placement groups of a sweep's dead trials, removed by the sweep's driver.
 
-The cleaner (a detached actor) asks Ray's state API every second whether the run's controller
-is alive, and removes the workers' placement group once it is not: a sweep's early-stopped
-trial gives its CPUs back that way. The state API is called without an address, so it resolves
-RAY_ADDRESS, else the cluster `ray start` last recorded on the machine. On an embedded Ray
-that is another (often long gone) cluster: each call then waited 40 s for its GCS and raised,
-so the cleaner never cleaned, and every run's end waited 12 s for it to stop (measured: a third
-of a short sweep trial). Pinned, a call takes ~10 ms.
+Ray removes a placement group with the job that made it, not with the actor: a trial's Ray
+Train controller makes its workers' group, and when Tune stops a trial early (its actor and
+the controller with it killed) the group would hold its CPUs until the whole sweep ends,
+and the next trials would wait for them. Ray Train's answer is a PlacementGroupCleaner, a
+detached actor per run that watches its controller: a process importing Ray (~1.5 CPU-seconds
+here) for every trial.
 
-Private Ray Train classes: if an upgrade renames them, launch keeps Ray's own cleaner.
+Instead, each trial's controller writes its worker groups into Ray's internal key-value
+store (``RegisteredGroupsCallback``, a Ray Train callback), and the sweep's driver, which
+outlives every trial, removes the groups whose controller is dead, about once a second
+(``remove_orphaned_groups``, from orchestrator/sweep/placement_groups.py). A controller that ends normally removes
+its own group, and its entry goes on the next pass.
+
+Private Ray interfaces (the internal key-value store, the GCS actor table, Ray Train's
+callback classes): tests/test_ray_internals.py checks them against the installed Ray.
 """
 
 from __future__ import annotations
 
-import os
+import logging
 
 import ray
-from ray.train.v2._internal.callbacks import placement_group_callback
-from ray.train.v2._internal.execution.controller.placement_group_cleaner import (
-    PlacementGroupCleaner,
-)
+from ray._private import state as ray_state
+from ray.experimental import internal_kv
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+log = logging.getLogger("orchestrator")
+
+NAMESPACE = b"orchestrator"
+PREFIX = "trial-placement-group:"
 
 
-class PinnedPlacementGroupCleaner(PlacementGroupCleaner):
-    def __init__(self, *args, **kwargs):
-        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-        super().__init__(*args, **kwargs)
+def key_prefix() -> bytes:
+    """This job's entries (a sweep's trials run in its driver's job)."""
+    return f"{PREFIX}{ray.get_runtime_context().get_job_id()}:".encode()
 
 
-class PinnedPlacementGroupCleanerCallback(placement_group_callback.PlacementGroupCleanerCallback):
-    def after_controller_start(self, train_run_context) -> None:
-        # Runs in the controller's process, which creates the cleaner from this module name.
-        placement_group_callback.PlacementGroupCleaner = PinnedPlacementGroupCleaner
-        super().after_controller_start(train_run_context)
+def register(group: PlacementGroup, controller_id: str) -> None:
+    internal_kv._internal_kv_put(key_prefix() + group.id.hex().encode(), controller_id.encode(),
+                                 namespace=NAMESPACE)
+
+
+class RegisteredGroupsCallback(ControllerCallback, WorkerGroupCallback):
+    """In a trial's controller: each worker group's placement group, with the controller's
+    actor id, for the sweep's driver to remove once the controller is dead."""
+
+    def after_worker_group_start(self, worker_group) -> None:
+        try:
+            group = worker_group.get_worker_group_state().placement_group_handle.placement_group
+            register(group, ray.get_runtime_context().get_actor_id())
+        except Exception as exc:  # noqa: BLE001  (a missed entry costs CPUs, not the run)
+            log.warning("the sweep cannot remove this trial's placement group if it is "
+                        "stopped: %s", exc)
+
+
+def controller_dead(actor_id: str) -> bool:
+    info = ray_state.actors(actor_id=actor_id)
+    return not info or info.get("State") == "DEAD"
+
+
+def remove_orphaned_groups() -> list[str]:
+    """Remove this job's registered placement groups whose controller is dead (a group its
+    controller removed itself is only forgotten); return the ids of those removed."""
+    removed = []
+    prefix = key_prefix()
+    for key in internal_kv._internal_kv_list(prefix, namespace=NAMESPACE):
+        controller = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
+        if controller is not None and not controller_dead(controller.decode()):
+            continue
+        group_id = key[len(prefix):].decode()
+        group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
+        if placement_group_table(group).get("state", "REMOVED") != "REMOVED":
+            remove_placement_group(group)
+            removed.append(group_id)
+        internal_kv._internal_kv_del(key, namespace=NAMESPACE)
+    if removed:
+        log.info("removed the placement groups of %d stopped trials", len(removed))
+    return removed

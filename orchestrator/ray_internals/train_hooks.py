@@ -93,8 +93,9 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
     - PlacementGroupCleaner, which removes the workers' placement group if the controller
       dies while the driver lives on. A command's driver ends with its run, and Ray removes
       the placement groups of a job's actors when the job ends (tests/test_ray_internals.py).
-      Kept for sweep trials (``keep_cleaner``), whose driver outlives many controllers,
-      pinned to this cluster (ray_internals/pg_cleaner.py).
+      A sweep's trials (``keep_cleaner``), whose driver outlives many controllers, register
+      their groups instead, and the sweep's driver removes a dead trial's
+      (ray_internals/pg_cleaner.py): no cleaner process per trial either.
     And one more on every worker group's start, a restart's included: the PreemptionWatcher,
     run instead as a thread of the controller (ray_internals/preemption_watch.py), unless the
     user set Ray's switch for it (then Ray's way, as they chose).
@@ -106,7 +107,7 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
             PlacementGroupCleanerCallback,
         )
 
-        from orchestrator.ray_internals.pg_cleaner import PinnedPlacementGroupCleanerCallback
+        from orchestrator.ray_internals.pg_cleaner import RegisteredGroupsCallback
         from orchestrator.ray_internals.preemption_watch import PreemptionWatchThread
     except ImportError:
         return
@@ -114,8 +115,6 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
         return
     watch_thread = _watcher_switched_here or PREEMPTION_WATCHER not in os.environ
     unneeded: tuple[type, ...] = () if getattr(ray_trainer, "datasets", None) else (DatasetsCallback,)
-    if not keep_cleaner:
-        unneeded += (PlacementGroupCleanerCallback,)
 
     def adjusted() -> list:
         callbacks = []
@@ -123,7 +122,9 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
             if isinstance(cb, unneeded):
                 continue
             if type(cb) is PlacementGroupCleanerCallback:
-                cb = PinnedPlacementGroupCleanerCallback()
+                if not keep_cleaner:
+                    continue
+                cb = RegisteredGroupsCallback()
             callbacks.append(cb)
         if watch_thread:
             # Ray's switch goes with the thread that replaces its watcher: fit() passes the

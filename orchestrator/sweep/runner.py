@@ -139,6 +139,8 @@ def make_tuner(conf: RayTuneSweeperConf, ctx: TrialContext, sweep_dir: Path, gri
     """A new Tune run of the sweep's trials, or the one this sweep folder holds, restored."""
     from ray import tune
 
+    from orchestrator.sweep.placement_groups import RemoveOrphanedGroups
+
     trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx),
                                     {"CPU": 0, f"node:{node_ip()}": 0.001})
     tune_path = sweep_dir / TUNE_DIR
@@ -162,7 +164,8 @@ def make_tuner(conf: RayTuneSweeperConf, ctx: TrialContext, sweep_dir: Path, gri
             scheduler=scheduler(conf),
             max_concurrent_trials=at_once if conf.search == "optuna" else None,
             trial_dirname_creator=lambda trial: trial.trial_id),
-        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0),
+        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0,
+                                  callbacks=[RemoveOrphanedGroups()]),
     )
 
 

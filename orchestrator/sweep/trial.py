@@ -88,9 +88,9 @@ def run_trial(params: dict, ctx: TrialContext) -> None:
     progress = Progress(ctx.metric, int(cfg.cluster.workers))
     while runner.is_alive():
         runner.join(POLL_S)
-        update = progress.update(read_record(out_dir / "run.json"))
-        if update is not None and runner.is_alive():
-            tune.report(update)
+        for update in progress.updates(read_record(out_dir / "run.json")):
+            if runner.is_alive():
+                tune.report(update)
     record = read_record(out_dir / "run.json") or {}
     if "exception" in outcome:
         raise TrialFailed(f"trial {trial_id}: {outcome['exception']}") from outcome["exception"]
@@ -144,20 +144,26 @@ class Progress:
                 "samples_per_s": record.get("samples_per_s"),
                 "restarts": record.get("restarts", 0), "preemptions": record.get("preemptions", 0)}
 
-    def update(self, record: dict | None) -> dict | None:
+    def updates(self, record: dict | None) -> list[dict]:
+        """The reports this record adds: every periodic evaluation since the last one read (a
+        scheduler such as ASHA compares trials at given steps, so none is skipped however fast
+        the trial runs), else the newest training metrics."""
         if not record:
-            return None
-        evaluation = record.get("evaluation") or {}
-        if self.metric in (evaluation.get("metrics") or {}):
-            step, values = evaluation["step"], evaluation["metrics"]
+            return []
+        evaluations = [e for e in record.get("evaluations") or [record.get("evaluation") or {}]
+                       if self.metric in (e.get("metrics") or {})]
+        if evaluations:
+            points = [(e["step"], e["metrics"]) for e in evaluations]
         elif self.metric in (record.get("train_metrics") or {}):
-            step, values = record.get("steps", 0), record["train_metrics"]
+            points = [(record.get("steps", 0), record["train_metrics"])]
         else:
-            return None
-        if step <= self.last_step:
-            return None
-        self.last_step = step
-        return {"step": step, **values, **self.common(record), "final": False}
+            return []
+        reports = []
+        for step, values in points:
+            if step > self.last_step:
+                self.last_step = step
+                reports.append({"step": step, **values, **self.common(record), "final": False})
+        return reports
 
     def final(self, record: dict) -> dict:
         return {"step": record.get("steps", 0), **(record.get("train_metrics") or {}),
