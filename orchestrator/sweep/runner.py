@@ -162,6 +162,10 @@ def make_tuner(conf: RayTuneSweeperConf, ctx: TrialContext, sweep_dir: Path, gri
             num_samples=conf.num_samples,
             search_alg=search_algorithm(conf, seed, at_once),
             scheduler=scheduler(conf),
+            # A trial's actor (a process importing Ray, Tune, Hydra and the orchestrator's
+            # driver) runs the next trial too, unless a scheduler may stop trials early: a
+            # stopped trial's run would go on in it beside the next one.
+            reuse_actors=not conf.early_stopping.enabled,
             max_concurrent_trials=at_once if conf.search == "optuna" else None,
             trial_dirname_creator=lambda trial: trial.trial_id),
         run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0,
