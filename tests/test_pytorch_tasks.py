@@ -122,6 +122,9 @@ sys.path.insert(0, {tests!r}); sys.path.insert(0, {project!r})
 import torch
 from test_pytorch_tasks import job
 from orchestrator.worker.training_function import check_training
+import trainers.pytorch.check as check
+trials = []
+check.trial = lambda cfg, trial=check.trial: trials.append(1) or trial(cfg)
 seen, marked = [], []
 for model in {models!r}:
     trainer, data = job("classification", "tuple", None)
@@ -132,20 +135,21 @@ for model in {models!r}:
     seen.append("torch._dynamo" in sys.modules)
     mark = torch.optim.Optimizer.add_param_group.__wrapped__.__dict__.get("__dynamo_disable")
     marked.append(mark is not None)
-print(json.dumps({{"dynamo_imported": seen, "marked": marked,
+print(json.dumps({{"dynamo_imported": seen, "marked": marked, "trials": len(trials),
                   "real": type(sys.modules.get("torch._dynamo")).__name__}}))
 """
 
 
 @pytest.mark.parametrize("models, imported", [
-    ((None, "dynamo_first"), [False, True]),  # a submodule import: tried again on the real one
+    ((None, "dynamo_first"), [False, True]),  # a submodule imported: the real one loaded
     (("compiled",), [True]),  # torch.compile asks the stand-in for more: the real one takes over
 ])
 def test_the_driver_trial_imports_no_dynamo_unless_the_parts_compile(models, imported):
     """torch.optim imports torch._dynamo (~1 CPU-second) to mark its methods; the driver's
     trial stands a module in for it (trainers/pytorch/dynamo_stand_in.py). In a fresh
     interpreter: the default parts' trial leaves it unimported, and torch's methods without
-    the stand-in's marks; parts that compile still pass, on the real module."""
+    the stand-in's marks; parts that compile, or import a submodule of it, pass at once, on
+    the real module."""
     import json
     import subprocess
     import sys
@@ -160,3 +164,53 @@ def test_the_driver_trial_imports_no_dynamo_unless_the_parts_compile(models, imp
     assert result["dynamo_imported"] == imported
     assert result["real"] == ("module" if imported[-1] else "NoneType")
     assert result["marked"] == imported  # the real disable marks torch's methods, ours never
+    assert result["trials"] == len(models)  # none tried twice
+
+
+WORKER_WITHOUT_DYNAMO = """
+import sys, json, importlib
+import torch
+from torch import nn
+from trainers.pytorch.dynamo_stand_in import install
+stand_in = install()
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):  # what a worker's steps call: the optimizer's step, zero_grad, state_dict
+    model(torch.ones(3, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+opt.state_dict()
+before = type(sys.modules["torch._dynamo"]).__name__
+fns = [f.__wrapped__ for f in (torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad,
+                               torch.optim.Optimizer.state_dict)]
+raw = [f.__dict__.get("__dynamo_disable") is f for f in fns]
+config = importlib.import_module("torch._dynamo.config")  # as DCP and torch.export do
+real = sys.modules["torch._dynamo"]
+after = [f.__dict__.get("__dynamo_disable") for f in fns]
+compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
+print(json.dumps({{"before": before, "raw_marks": raw, "after": type(real).__name__,
+    "same_config": config is real.config and sys.modules["torch._dynamo.config"] is config,
+    "marked_by_real": [m is not None and m is not f for m, f in zip(after, fns)],
+    "compiled": compiled(torch.ones(2)).tolist(), "finder_left": len([
+        f for f in sys.meta_path if type(f).__name__ == "_RealForSubmodules"])}}))
+"""
+
+
+def test_a_worker_trains_without_dynamo_until_something_needs_it():
+    """A PyTorch worker installs the stand-in for its life: its optimizer steps import no
+    torch._dynamo; the first import of one of its submodules loads the real module once, which
+    then marks what the stand-in had been asked to (as if it had been there from the start),
+    and compiling works."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", WORKER_WITHOUT_DYNAMO.format()],
+                         capture_output=True, text=True, cwd=Path(__file__).parent.parent,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["before"] == "_StandIn" and result["raw_marks"] == [True, True, True]
+    assert result["after"] == "module" and result["same_config"]
+    assert result["marked_by_real"] == [True, True, True]
+    assert result["compiled"] == [3.0, 3.0] and result["finder_left"] == 0
