@@ -167,7 +167,7 @@ def test_the_driver_trial_imports_no_dynamo_unless_the_parts_compile(models, imp
     assert result["trials"] == len(models)  # none tried twice
 
 
-WORKER_WITHOUT_DYNAMO = """
+STAND_IN_HANDS_OVER = """
 import sys, json, importlib
 import torch
 from torch import nn
@@ -175,7 +175,7 @@ from trainers.pytorch.dynamo_stand_in import install
 stand_in = install()
 model = nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(2):  # what a worker's steps call: the optimizer's step, zero_grad, state_dict
+for _ in range(2):  # a training loop's calls: the optimizer's step, zero_grad, state_dict
     model(torch.ones(3, 4)).sum().backward()
     opt.step()
     opt.zero_grad()
@@ -196,16 +196,15 @@ print(json.dumps({{"before": before, "raw_marks": raw, "after": type(real).__nam
 """
 
 
-def test_a_worker_trains_without_dynamo_until_something_needs_it():
-    """A PyTorch worker installs the stand-in for its life: its optimizer steps import no
-    torch._dynamo; the first import of one of its submodules loads the real module once, which
-    then marks what the stand-in had been asked to (as if it had been there from the start),
-    and compiling works."""
+def test_the_stand_in_hands_over_to_the_real_dynamo_as_if_it_had_been_there():
+    """With the stand-in in place, optimizer steps import no torch._dynamo; the first import
+    of one of its submodules loads the real module once (no module twice), which then marks
+    what the stand-in had been asked to, and compiling works."""
     import json
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", WORKER_WITHOUT_DYNAMO.format()],
+    out = subprocess.run([sys.executable, "-c", STAND_IN_HANDS_OVER.format()],
                          capture_output=True, text=True, cwd=Path(__file__).parent.parent,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

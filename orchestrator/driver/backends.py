@@ -52,9 +52,7 @@ TORCH_CONFIG = "orchestrator.ray_internals.torch_backend:TorchProcessGroupConfig
 # torch and Ray Train's torch side (its process group set-up), and torch's compiler stack,
 # which torch imports with the first optimizer (torch.optim's add_param_group): ~1 s and
 # ~0.8 s of a worker's start here.
-# Not torch._dynamo: a PyTorch worker imports it only if something compiles
-# (trainers/pytorch/dynamo_stand_in.py).
-TORCH_WARM = ("ray.train.torch",)
+TORCH_WARM = ("ray.train.torch", "torch._dynamo")
 # Keras 3 fails under MultiWorkerMirroredStrategy; tf-keras (Keras 2) works, and must be chosen
 # before tensorflow is first imported in the worker.
 TF_WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}

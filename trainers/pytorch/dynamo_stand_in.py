@@ -1,23 +1,23 @@
-"""torch._dynamo imported only where something compiles.
+"""The driver's trial of the user's parts without importing torch._dynamo.
 
-torch.optim and DDP import torch._dynamo (about a CPU-second: the largest part of the
-driver's trial of the user's parts, and of a worker's start after torch itself) only to mark
-their methods as not to be compiled: an optimizer's constructor (``add_param_group``), every
-``step`` and DDP's forward call ``torch._dynamo.disable`` and ``graph_break``. Where nothing
-compiles those marks are never read. So a stand-in module takes torch._dynamo's place: its
-``disable`` remembers what it was asked to mark, and its ``graph_break`` does nothing (as the
-real one does outside compiled code). The first use of anything else (a ``torch.compile``,
-``torch._dynamo.config``, an import of one of its submodules, as DCP and torch.export do)
-loads the real module, which takes over, and marks what the stand-in had been asked to: from
-then on the process is as if the real module had been there from the start.
+torch.optim imports torch._dynamo (about a CPU-second: the largest part of the trial, on the
+path from the command to the first step) only to mark its methods as not to be compiled: an
+optimizer's constructor (``add_param_group``) and every ``step`` call
+``torch._dynamo.disable`` and ``graph_break``. The trial never compiles, so a stand-in module
+takes torch._dynamo's place for it: its ``disable`` remembers what it was asked to mark, and
+its ``graph_break`` does nothing (as the real one does outside compiled code). The first use
+of anything else (a part that calls ``torch.compile``, sets ``torch._dynamo.config``, or
+imports one of its submodules) loads the real module, which takes over and marks what the
+stand-in had been asked to: from then on the process is as if the real module had been there
+from the start. After the trial no trace of the stand-in is left.
 
-- The driver's trial of the user's parts runs with it (``without_dynamo``), and leaves no
-  trace of it;
-- a PyTorch training worker installs it for its whole life (``install``).
+Only the driver's trial: a worker's DDP constructor asks torch._dynamo.utils for its mode, and
+DCP imports it, so every PyTorch worker needs the real one (imported ahead by Ray's setup hook:
+orchestrator/worker/warm.py).
 
 torch's internals in one place: tests/test_pytorch_tasks.py checks, in fresh interpreters,
-that the default parts import no torch._dynamo, that parts which compile (or import its
-submodules first) still work, and that what was marked is marked by the real module.
+that the default parts' trial imports no torch._dynamo, that parts which compile (or import
+its submodules first) pass in one trial, and that what was marked is marked by the real module.
 """
 
 from __future__ import annotations

@@ -23,9 +23,6 @@ def check_parts(cfg: dict) -> list[str] | None:
 
 @training_function(config=PyTorchConfig, check=check_parts, streams=True)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
-    from trainers.pytorch.dynamo_stand_in import install
-
-    install()  # torch._dynamo's second of import only if something compiles
     from trainers.pytorch.loop import main as loop
 
     return loop(ctx, cfg)
