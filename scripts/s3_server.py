@@ -127,8 +127,8 @@ class SeaweedS3:
 
     def shell(self, command: str) -> str:
         """One command of ``weed shell`` against this server (its identities, for one)."""
-        done = subprocess.run([*self.command_prefix, weed_binary(), f"-logdir={self.data_dir}", "shell",
-                               f"-master={self.host}:{self.ports['master']}"],
+        done = subprocess.run([*self.command_prefix, weed_binary(), f"-logdir={self.data_dir}",
+                               "shell", f"-master={self.host}:{self.ports['master']}"],
                               input=command + "\n", capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise RuntimeError(f"weed shell {command!r}: {done.stderr[-1000:]}")

@@ -67,9 +67,10 @@ def test_a_parallelism_sweep_runs_each_trial_and_writes_the_scaling_report(ray_h
 def test_a_search_stops_a_poor_trial_records_a_failing_one_and_a_rerun_skips_finished_ones(
         ray_head, tmp_path):
     """hpo=ddp_lr_workers (test loss every 20 steps, ASHA from step 20 here) over a grid of
-    learning rates: 0.2 trains, 0.0001 is far too small (and paced) and ASHA stops it at a rung, and the
-    trial at 0.0002 fails at step 15 (a bug in its training code, for that lr only). The same
-    command again resumes the sweep: the finished trials are not run again, the failed one is."""
+    learning rates: 0.2 trains, 0.0001 is far too small (and paced after step 20) and ASHA
+    stops it at a rung, and the trial at 0.0002 fails at step 15 (a bug in its training code,
+    for that lr only). The same command again resumes the sweep: the finished trials are not
+    run again, the failed one is."""
     out = tmp_path / "hpo"
     args = ("hpo=ddp_lr_workers", "hydra.sweeper.search=grid", "hydra.sweeper.num_samples=1",
             "trainer.lr=0.2,0.0002,0.0001", "cluster.workers=1", "trainer.batch_size=64",

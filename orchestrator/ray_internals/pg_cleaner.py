@@ -10,8 +10,8 @@ here) for every trial.
 Instead, each trial's controller writes its worker groups into Ray's internal key-value
 store (``RegisteredGroupsCallback``, a Ray Train callback), and the sweep's driver, which
 outlives every trial, removes the groups whose controller is dead, about once a second
-(``remove_orphaned_groups``, from orchestrator/sweep/placement_groups.py). A controller that ends normally removes
-its own group, and its entry goes on the next pass.
+(``remove_orphaned_groups``, called from orchestrator/sweep/placement_groups.py). A
+controller that ends normally removes its own group, and its entry goes on the next pass.
 
 Private Ray interfaces (the internal key-value store, the GCS actor table, Ray Train's
 callback classes): tests/test_ray_internals.py checks them against the installed Ray.
