@@ -14,6 +14,7 @@ embedded cluster), the head's CPU from before the run left out. Linux only.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,7 @@ def main() -> None:
         print(json.dumps({"overrides": overrides, **measure(head, tmp, overrides)}, indent=1))
     finally:
         stop_cluster(head)
+        shutil.rmtree(tmp, ignore_errors=True)  # its runs' outputs and checkpoints
 
 
 if __name__ == "__main__":
