@@ -302,9 +302,13 @@ def test_ray_verbose_brings_rays_lines_back_the_bar_draws_and_ctrl_c_at_the_end_
                     "log.metrics=false"),
         cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _started.append(proc)
+    # The embedded cluster's processes, seen while it trains and as the run ends (a loaded
+    # machine may run the command past its shutdown before a poll sees "succeeded").
+    wait_for(lambda r: r.get("steps", 0) >= 1, run_dir, timeout=480)
+    left_behind = set(descendants(proc.pid))
     # run.json says succeeded just before the command stops Ray: Ctrl-C then.
     wait_for(lambda r: r.get("status") == "succeeded", run_dir, timeout=480)
-    left_behind = descendants(proc.pid)
+    left_behind |= set(descendants(proc.pid))
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     output = stdout + stderr
