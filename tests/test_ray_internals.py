@@ -236,19 +236,12 @@ def test_the_sweeps_driver_removes_the_groups_of_dead_trial_controllers_only(mon
         ray.kill(stopped)
         ray.kill(ended)
         assert pg_cleaner.remove_orphaned_groups() == [ids[0]]  # the stopped trial's only
-        state = {i: placement_group_table(pg_from(i))["state"] for i in ids}
+        state = {i: placement_group_table(pg_cleaner.group_by_id(i))["state"] for i in ids}
         assert state == {ids[0]: "REMOVED", ids[1]: "CREATED", ids[2]: "REMOVED"}
         left = internal_kv._internal_kv_list(pg_cleaner.key_prefix(), namespace=pg_cleaner.NAMESPACE)
         assert [k.decode().rsplit(":", 1)[1] for k in left] == [ids[1]]  # the live one's entry
     finally:
         ray.shutdown()
-
-
-def pg_from(group_id: str):
-    import ray
-    from ray.util.placement_group import PlacementGroup
-
-    return PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
 
 
 def test_a_run_says_which_hook_a_ray_upgrade_took_away():

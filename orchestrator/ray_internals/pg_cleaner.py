@@ -56,6 +56,10 @@ class RegisteredGroupsCallback(ControllerCallback, WorkerGroupCallback):
                         "stopped: %s", exc)
 
 
+def group_by_id(group_id: str) -> PlacementGroup:
+    return PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
+
+
 def controller_dead(actor_id: str) -> bool:
     info = ray_state.actors(actor_id=actor_id)
     return not info or info.get("State") == "DEAD"
@@ -71,7 +75,7 @@ def remove_orphaned_groups() -> list[str]:
         if controller is not None and not controller_dead(controller.decode()):
             continue
         group_id = key[len(prefix):].decode()
-        group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
+        group = group_by_id(group_id)
         if placement_group_table(group).get("state", "REMOVED") != "REMOVED":
             remove_placement_group(group)
             removed.append(group_id)

@@ -96,21 +96,16 @@ class _Loaded(importlib.abc.Loader):
     """A module the real torch._dynamo already imported: given as it is (not run twice)."""
 
     def __init__(self, module: types.ModuleType):
-        self.module = module
+        self.module, self.own_spec = module, module.__spec__
+
+    def spec(self) -> ModuleSpec:
+        return ModuleSpec(self.module.__name__, self, origin=getattr(self.own_spec, "origin", None))
 
     def create_module(self, spec):
         return self.module
 
     def exec_module(self, module) -> None:
-        module.__spec__ = self.module_spec  # importlib set ours; the module's own goes back
-
-    @property
-    def module_spec(self):
-        return self._spec
-
-    def spec_for(self, name: str) -> ModuleSpec:
-        self._spec = self.module.__spec__
-        return ModuleSpec(name, self, origin=getattr(self._spec, "origin", None))
+        module.__spec__ = self.own_spec  # importlib set ours; the module's own goes back
 
 
 class _RealForSubmodules(importlib.abc.MetaPathFinder):
@@ -124,7 +119,7 @@ class _RealForSubmodules(importlib.abc.MetaPathFinder):
         module = sys.modules.get(fullname)
         if module is None:
             return None  # the path finder loads it, from the real package's folder
-        return _Loaded(module).spec_for(fullname)
+        return _Loaded(module).spec()
 
 
 _FINDER = _RealForSubmodules()
