@@ -49,6 +49,10 @@ def test_a_regression_project_outside_the_repo_sweeps_its_own_keyword(ray_head, 
     project = tmp_path / "regression"
     shutil.copytree(EXAMPLES / "regression", project,
                     ignore=shutil.ignore_patterns("__pycache__", "outputs", "checkpoints"))
+    # A file of the user's named like a module every Python process imports as it starts: on
+    # the workers' PYTHONPATH it killed each trial's and worker's process at its start, and the
+    # run waited for workers that never came. Imported later, as by the driver, it is harmless.
+    (project / "re.py").write_text('raise ImportError("the project\'s re.py shadowed Python\'s")\n')
     out = tmp_path / "sweep"
     proc = sweep(out, "+experiment=diabetes", "trainer.model.width=16,64",
                  "hydra.sweeper.metric=test_r2", address=ray_head.address,

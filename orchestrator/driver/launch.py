@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from orchestrator.config.typed import to_typed
 from orchestrator.driver.backends import Backend, check_cluster
 from orchestrator.driver.interrupts import DeferredInterrupt
 from orchestrator.driver.placement_watch import PlacementWatch
-from orchestrator.driver.ray_session import RaySession
+from orchestrator.driver.ray_session import RaySession, user_pythonpath
 from orchestrator.driver.record import RunRecord, redact
 from orchestrator.driver.recorder import FaultReporter, start_recorder
 from orchestrator.driver.run_plan import RunPlan, complete_data, make_plan
@@ -244,12 +243,18 @@ def describe_workers(scaling: dict) -> str:
 
 
 def worker_env(backend: Backend) -> dict[str, str]:
-    """The backend's variables, and the command's directory on the workers' import path, so
-    a user's own modules (trainer.fn=mypkg.train:main, trainer.model._target_=...) import
-    there too; where the AWS credential chain looks, so that each worker reads (and refreshes)
-    the credentials itself (orchestrator/storage/location.py: CHAIN_ENV)."""
-    path = [os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {"PYTHONPATH": os.pathsep.join(path), **credential_chain_env(), **backend.worker_env}
+    """The backend's variables, the user's own PYTHONPATH, and where the AWS credential chain
+    looks, so that each worker reads (and refreshes) the credentials itself
+    (orchestrator/storage/location.py: CHAIN_ENV).
+
+    Not the command's directory: Ray puts it first on every process's sys.path once the
+    process is up (the job's py_driver_sys_path), as `python -m` does for the driver, so a
+    user's own modules (trainer.model._target_=mypkg.Net) import on the workers. On PYTHONPATH
+    it would also come first while Python starts, and a file of the user's named like a module
+    Python imports then (re.py, types.py, enum.py) would kill every worker process at its start.
+    """
+    return {**user_pythonpath(), **credential_chain_env(), **backend.worker_env}
+
 
 
 def run_to_end(ray_trainer, winding_down: DeferredInterrupt, resumed: bool,

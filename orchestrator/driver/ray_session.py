@@ -31,6 +31,13 @@ PROBE_TIMEOUT_S = 5.0
 LEFTOVER_GRACE_S = 3.0  # an embedded cluster's processes still running after ray.shutdown()
 
 
+def user_pythonpath() -> dict[str, str]:
+    """The driver's PYTHONPATH for Ray's processes, where the user set one (a joined cluster's
+    raylet started with its own environment)."""
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": path} if path else {}
+
+
 def resolve_address(address: str) -> str:
     """'auto' -> RAY_ADDRESS or the cluster `ray start` recorded on this machine."""
     if address != "auto":

@@ -86,7 +86,7 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     from hydra.core.singleton import Singleton
 
     from orchestrator.driver.backends import backend_named
-    from orchestrator.driver.ray_session import RaySession
+    from orchestrator.driver.ray_session import RaySession, user_pythonpath
     from orchestrator.ray_internals.train_hooks import controller_env
 
     started = time.time()
@@ -99,12 +99,11 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     grid = space.grid_size * conf.num_samples if conf.search == "grid" else conf.num_samples
 
     # Trials import the user's modules (a trainer.fn or _target_ of theirs) from the command's
-    # directory, as the workers do.
-    # The controllers of all trials share the session's environment: the base trainer's
-    # backend's knobs.
+    # directory, which Ray puts on every process's sys.path (launch.worker_env says why not
+    # through PYTHONPATH). The controllers of all trials share the session's environment: the
+    # base trainer's backend's knobs.
     backend = backend_named(str(config.trainer.get("backend", "torch")))
-    env = {**controller_env(float(config.failure.hang_timeout_s), backend),
-           "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    env = {**controller_env(float(config.failure.hang_timeout_s), backend), **user_pythonpath()}
     # Trials print through Ray's worker-output channel (no recorder of the sweep relays them
     # yet), so a sweep streams it whatever log.ray_verbose says.
     with RaySession(cluster, env, verbose=True) as session:
