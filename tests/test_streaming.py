@@ -125,6 +125,11 @@ def test_changed_data_is_named_and_refused_unless_asked(tmp_path):
                                           r"data.on_change=continue"):
         stream_plan(data, resumed=before)
     assert stream_plan(data, resumed=before, on_change="continue").shards == 4
+    # A resume keeps the checkpoint's shards: more workers than those is refused with a way out.
+    with pytest.raises(ConfigError, match=r"the checkpoint's shard count=4 is fewer than "
+                                          r"cluster.workers=5: .*cluster.workers<=4, or start a "
+                                          r"new run \(run.name\)"):
+        stream_plan(data, workers=5, resumed=before, on_change="continue")
     now = read_manifest(pafs.LocalFileSystem(), str(data), "label")
     assert what_changed(now.summary(), now) is None
 

@@ -173,8 +173,10 @@ def check_shards(cfg: DataConfig, shards: int, workers: int, groups: int,
                  global_batch: int | None, resumed: bool) -> None:
     source = "the checkpoint's shard count" if resumed else "data.shards"
     if shards < workers:
+        way_out = (f": resume with cluster.workers<={shards}, or start a new run (run.name)"
+                   if resumed else "")
         raise ConfigError(f"{source}={shards} is fewer than cluster.workers={workers}: a worker "
-                          "would have no data (each streams whole virtual shards)")
+                          f"would have no data (each streams whole virtual shards){way_out}")
     if groups < shards:
         raise ConfigError(f"data.path={cfg.path!r} has {groups} row groups, fewer than "
                           f"{shards} virtual shards ({source}, null: cluster.workers): write "
