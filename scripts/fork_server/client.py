@@ -1,8 +1,7 @@
-"""The raylet's `py_executable` for scripts/fork_server/server.py, `python -I client.py SOCKET`
-(Ray 2.60 leaves a runtime environment's env_vars out of the environment a py_executable
-starts in): hands this worker process's arguments, environment, folder and standard streams
-to the server at SOCKET, waits for the forked worker and exits with its code; without a
-server it runs the worker itself."""
+"""The raylet's `py_executable` for scripts/fork_server/server.py, `python -I client.py SOCKET`:
+hands this worker process's arguments, environment, folder and standard streams to the server
+at SOCKET, waits for the forked worker and exits with its code; without a server there it runs
+the worker itself."""
 
 import array
 import json
