@@ -1,5 +1,6 @@
 """A fork server for Ray worker processes, measured by scripts/bench_fork_server.py (issue 30:
-the lead for a warm command <= 1.3x torchrun). Not used by the orchestrator.
+a lead for a warm command <= 1.3x torchrun; tried in one and no faster on 2 cores, see
+docs/benchmarks.md). Not used by the orchestrator.
 
 Started once per Ray job on a node, with the job's RAY_JOB_ID and the raylet's RAY_RAYLET_PID
 in its environment (Ray's C++ config reads both once, when `import ray` loads it, so one server
