@@ -36,8 +36,9 @@ side, sock, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
 server, server_s = None, None
 if side == "fork_server":
-    raylet = subprocess.run(["pgrep", "-f", "raylet/raylet"], capture_output=True,
-                            text=True).stdout.split()[0]
+    socket_name = next(n["RayletSocketName"] for n in ray.nodes() if n["Alive"])
+    raylet = subprocess.run(["pgrep", "-f", f"raylet_socket_name={socket_name}"],
+                            capture_output=True, text=True).stdout.split()[0]
     env = dict(os.environ, RAY_JOB_ID=ray.get_runtime_context().get_job_id(),
                RAY_RAYLET_PID=raylet)
     t = time.time()

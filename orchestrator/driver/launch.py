@@ -256,7 +256,6 @@ def worker_env(backend: Backend) -> dict[str, str]:
     return {**user_pythonpath(), **credential_chain_env(), **backend.worker_env}
 
 
-
 def run_to_end(ray_trainer, winding_down: DeferredInterrupt, resumed: bool,
                recorder) -> tuple[int, str, str | None]:
     """fit(), and what it ended with: (exit code, run.json status, error). From its return on,
