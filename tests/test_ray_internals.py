@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -537,3 +538,61 @@ def test_a_worker_process_imports_torch_ahead_and_keeps_one_thread_per_cpu(ray_h
                           cwd=Path(__file__).parent.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"ahead": True, "threads": 1}
+
+
+def test_workers_placed_whose_processes_die_at_their_start_are_told_from_no_room(tmp_path):
+    """A worker process that dies as it starts never registers, and the raylet holds its CPUs
+    while it starts another every 60 s: the placement timeout said 'no room ... CPU 0/2 free'.
+    Here a worker's PYTHONPATH holds a re.py (what the command's folder on PYTHONPATH did):
+    the group is placed, the worker waits, and the reason quotes the traceback's last line from
+    this node's raylet.err, written after the watch began. A group that cannot be placed is
+    still 'no room'."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from orchestrator.driver.placement_watch import timeout_reason
+    from orchestrator.ray_internals.cluster import (
+        last_error_line,
+        log_size,
+        placed_but_not_started,
+        raylet_error_log,
+    )
+
+    (tmp_path / "re.py").write_text('raise ImportError("the project\'s re.py")\n')
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        @ray.remote(num_cpus=1)
+        class RayTrainWorker:  # Ray Train's worker class's name, which the check looks for
+            def ping(self) -> int:
+                return 1
+
+        def worker_in(group, env=None):
+            return RayTrainWorker.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group),
+                runtime_env={"env_vars": env or {}}).remote()
+
+        too_big = placement_group([{"CPU": 3}])
+        waiting = worker_in(too_big)
+        assert placed_but_not_started() == []
+        assert timeout_reason("{'CPU': 3} * 1 workers", 31, 30).startswith(
+            "cluster: no room for {'CPU': 3} * 1 workers after 31 s")
+        ray.kill(waiting)
+        remove_placement_group(too_big)
+
+        log = raylet_error_log()
+        start = log_size(log)
+        group = placement_group([{"CPU": 1}])
+        ray.get(group.ready(), timeout=60)
+        crashing = worker_in(group, {"PYTHONPATH": str(tmp_path)})  # kept: a dropped handle ends it
+        deadline = time.time() + 120
+        while last_error_line(log, start) is None and time.time() < deadline:
+            time.sleep(0.5)
+        here = ray.get_runtime_context().get_node_id()
+        assert placed_but_not_started() == [here]
+        reason = timeout_reason("{'CPU': 1.0} * 1 workers", 31, 30, log, start)
+        assert reason.startswith("cluster: {'CPU': 1.0} * 1 workers were placed on "), reason
+        assert "ImportError: the project's re.py" in reason and str(log) in reason, reason
+        ray.kill(crashing)
+    finally:
+        ray.shutdown()

@@ -66,3 +66,63 @@ def stop_autoscaler_monitor() -> None:
         if info.process.poll() is None:
             info.process.kill()
             info.process.wait(timeout=5)
+
+
+def placed_but_not_started(actor_class: str = "RayTrainWorker") -> list[str]:
+    """The node ids where this job's placement groups are placed and its ``actor_class`` actors
+    still wait to be created: their processes are not starting. (A process that dies as it
+    starts never registers; the raylet starts another every 60 s, holding the group's CPUs,
+    so the cluster looks full.) Empty where Ray no longer offers the tables."""
+    try:
+        import ray
+        from ray._private import state
+        from ray.util.placement_group import placement_group_table
+
+        job = ray.get_runtime_context().get_job_id()
+        # A placement group's id ends with its job's id.
+        placed = [g for g in placement_group_table().values()
+                  if g["placement_group_id"].endswith(job) and g["state"] == "CREATED"]
+        waiting = [a for a in state.actors().values() if a.get("JobID") == job
+                   and str(a.get("ActorClassName")).rsplit(".", 1)[-1] == actor_class
+                   and a.get("State") in ("PENDING_CREATION", "DEPENDENCIES_UNREADY")]
+    except Exception as exc:  # private: a renamed table costs the detail, not the run
+        log.debug("placement and actor tables unavailable: %s", exc)
+        return []
+    if not placed or not waiting:
+        return []
+    return sorted({node for g in placed for node in g["bundles_to_node_id"].values()})
+
+
+def log_size(log_file: Path | None) -> int:
+    try:
+        return log_file.stat().st_size if log_file else 0
+    except OSError:
+        return 0
+
+
+def last_error_line(log_file: Path, since: int = 0) -> str | None:
+    """The last line of a Python exception written to one of Ray's .err logs after byte
+    ``since`` (a worker process that died as it started prints its traceback there), or None."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(max(since, f.seek(0, os.SEEK_END) - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        name, sep, _ = line.partition(": ")
+        if sep and name.isidentifier() and name.endswith(("Error", "Exception")):
+            return line.strip()[:300]
+    return None
+
+
+def raylet_error_log() -> Path | None:
+    """This node's raylet.err (where a worker process that dies before it connects prints its
+    traceback), for a driver connected to Ray."""
+    try:
+        from ray._private.worker import _global_node
+
+        return Path(_global_node.get_logs_dir_path()) / "raylet.err"
+    except Exception as exc:  # private: a renamed attribute costs the hint, not the run
+        log.debug("Ray's log folder unknown: %s", exc)
+        return None
