@@ -79,17 +79,24 @@ def quote_commands(argv: list[str]) -> list[str]:
     return quoted
 
 
-def main() -> None:
-    sys.argv[1:] = quote_commands(sys.argv[1:])
+def main(started_at: float = STARTED_AT) -> None:
+    exit_now(run_command(sys.argv[1:], started_at))
+
+
+def run_command(argv: list[str], started_at: float) -> int:
+    """One command, start to end, in this process: its exit code. Called once by a plain
+    command, and once per command by a kept-alive service (orchestrator/service/)."""
+    global STARTED_AT
+    STARTED_AT = started_at
+    sys.argv[1:] = quote_commands(argv)
     with one_command():  # the checks below are the launch's too (orchestrator/config/once.py)
         try:
             # Ray starts beside the trial of the user's parts (orchestrator/driver/session_start.py).
             check_command_line(sys.argv[1:], CONF_DIR, before_parts=start_ray_beside_the_trial)
         except ConfigError as exc:
             print_error(str(exc))
-            if abandon_early():  # the thread still inside ray.init would hold the exit ~1 s
-                exit_now(exc.exit_code)
-            sys.exit(exc.exit_code)
+            abandon_early()
+            return exc.exit_code
         except BaseException:  # Ctrl-C during the checks
             abandon_early()
             raise
@@ -104,7 +111,7 @@ def main() -> None:
     if isinstance(code, str):  # a message (Hydra's), as Python's exit would print it
         print(code, file=sys.stderr)
         code = 1
-    exit_now(code or 0)
+    return code or 0
 
 
 def exit_now(code: int) -> NoReturn:

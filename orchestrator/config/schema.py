@@ -40,6 +40,9 @@ class ClusterConfig:
     # How long a run may go without a worker group before it stops with a line naming what it
     # asked for and what each node has (exit 1): Ray Train alone would wait forever.
     placement_timeout_s: float = 300.0
+    # Seconds a service keeps this command's Ray, its driver and processes ready for the
+    # next command after the last one ends (0: none; orchestrator/service/)
+    keep_alive: float = 0.0
 
     @property
     def elastic(self) -> bool:
@@ -64,6 +67,8 @@ class ClusterConfig:
                 "a number >= 0")
         if self.num_cpus is not None:
             require(self.num_cpus >= 1, "cluster.num_cpus", self.num_cpus, "null or an integer >= 1")
+        require(self.keep_alive >= 0, "cluster.keep_alive", self.keep_alive,
+                "a number of seconds >= 0 (0: no service)")
         require(self.resize_check_s > 0, "cluster.resize_check_s", self.resize_check_s,
                 "a number of seconds > 0")
         require(self.placement in PLACEMENTS, "cluster.placement", self.placement,

@@ -42,7 +42,7 @@ class DeferredInterrupt:
             # Not the handler from before the run (Ray Train's, or ours for fit()): Ray is shut
             # down, nothing is left to interrupt, and a KeyboardInterrupt now would only print
             # a traceback from some exit hook. A Ctrl-C from here on ends the command at once.
-            signal.signal(signal.SIGINT, exit_at_once)
+            signal.signal(signal.SIGINT, at_once[0])
             self._armed = False
 
     def __enter__(self) -> DeferredInterrupt:
@@ -57,3 +57,8 @@ def exit_at_once(signum, frame) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(130)
+
+
+# What a Ctrl-C does once the run is over: a service running commands in its own process
+# (orchestrator/service/server.py) ends the command there, not itself.
+at_once = [exit_at_once]

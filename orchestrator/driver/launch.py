@@ -28,7 +28,7 @@ from orchestrator.driver.record import RunRecord, redact
 from orchestrator.driver.recorder import FaultReporter, start_recorder
 from orchestrator.driver.run_plan import RunPlan, complete_data, make_plan
 from orchestrator.driver.scaling import scaling_kwargs
-from orchestrator.driver.session_start import session_env, session_for
+from orchestrator.driver.session_start import serving, session_env, session_for
 from orchestrator.errors import ConfigError, print_error
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
@@ -163,10 +163,10 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
     log.info("asking Ray for %s", describe_workers(scaling_args))
     ray_trainer = ray_trainer_for(run, ScalingConfig(**scaling_args), recorder, output_dir,
-                                  storage_marker, spares=not session.reused)
-    # A sweep's trial (a reused session) keeps the cleaner: an early-stopped trial's
-    # workers must give their CPUs back to the next trials.
-    without_unneeded_actors(ray_trainer, keep_cleaner=session.reused)
+                                  storage_marker, spares=not session.outlives_run)
+    # A sweep's trial, a service's command (a job that outlives the run) keeps the cleaner:
+    # an early-stopped trial's workers must give their CPUs back to the next trials.
+    without_unneeded_actors(ray_trainer, keep_cleaner=session.outlives_run)
     if not session.joined and not cfg.cluster.elastic:  # no autoscaler, nothing to grow into
         without_autoscaling_requests(ray_trainer)
     controller = interrupted_by_ctrl_c(ray_trainer)
@@ -203,7 +203,8 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
                       stream=plan.stream, run_name=plan.run_name,
                       max_restarts=cfg.failure.max_restarts,
                       # A sweep's trials keep no process for a restart (orchestrator/worker/spare.py).
-                      spare_after_s=cfg.failure.spare_after_s if spares else None)
+                      spare_after_s=cfg.failure.spare_after_s if spares else None,
+                      code_dir=str(Path.cwd()) if serving() else None)
     run_config = RunConfig(
         name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
         storage_path=str(output_dir / "ray_train"),

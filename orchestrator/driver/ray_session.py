@@ -104,14 +104,17 @@ def dashboard_port(wanted: int) -> int:
 class RaySession:
     """Context manager around ray.init / ray.shutdown."""
 
+    dashboard_of_this_process: str | None = None  # for a session that reuses the open one
+
     def __init__(self, cluster: ClusterConfig, env_vars: dict[str, str] | None = None,
-                 verbose: bool = False):
+                 verbose: bool = False, keep_open: bool = False):
         self.cluster = cluster
         self.env_vars = env_vars or {}
         self.verbose = verbose  # log.ray_verbose: Ray's own output in the terminal
         self.dashboard_url: str | None = None
         self.joined = cluster.address is not None
         self.reused = False
+        self.keep_open = keep_open  # a service's: stays open after its first command
         self.interrupted = False  # a Ctrl-C came while Ray was shutting down
         self._started: threading.Event | None = None  # set when the background start ends
         self._thread: threading.Thread | None = None
@@ -164,8 +167,9 @@ class RaySession:
 
     def _open(self) -> RaySession:
         c = self.cluster
-        if ray.is_initialized():  # a sweep's trial: the sweep's session serves every trial
+        if ray.is_initialized():  # a sweep's trial, a service's command: the open session serves it
             self.reused = True
+            self.dashboard_url = RaySession.dashboard_of_this_process
             return self
         quiet_ray_loggers(self.verbose)
         quiet = {**ray_init_kwargs(self.verbose), "runtime_env": {"env_vars": self.env_vars}}
@@ -192,6 +196,7 @@ class RaySession:
         url = getattr(context, "dashboard_url", None)
         if url:
             self.dashboard_url = url if "://" in url else f"http://{url}"
+            RaySession.dashboard_of_this_process = self.dashboard_url
         return self
 
     def start(self, **kwargs):
@@ -208,8 +213,11 @@ class RaySession:
             raise ConfigError(f"cluster: Ray did not start ({type(exc).__name__}: {text}){hint}") from None
 
     def __exit__(self, *exc) -> None:
-        if self.reused:
+        if self.reused or self.keep_open:
             return
+        self.close()
+
+    def close(self) -> None:
         # The shutdown runs to its end whatever the user presses (orchestrator/driver/interrupts.py).
         with DeferredInterrupt() as guard:
             ours = [] if self.joined else descendants(os.getpid())
@@ -219,6 +227,12 @@ class RaySession:
             stop_leftovers(ours, LEFTOVER_GRACE_S)
         self._closed.set()  # the background start's thread may end now
         self.interrupted = guard.seen
+
+    @property
+    def outlives_run(self) -> bool:
+        """The job goes on after this run (a sweep's, a service's): what the run started must
+        end with it."""
+        return self.reused or self.keep_open
 
     @staticmethod
     def total_cpus() -> float:

@@ -14,6 +14,8 @@ trial; a command that only shows its config starts none.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from omegaconf import DictConfig
 
 from orchestrator.config.schema import ClusterConfig, Config
@@ -24,6 +26,56 @@ from orchestrator.errors import ConfigError
 from orchestrator.ray_internals.train_hooks import controller_env
 
 _early: tuple[tuple, RaySession] | None = None  # (what it was started with, the session)
+
+
+@dataclass
+class Held:
+    """A service's session (orchestrator/service/): the first command's stays open, and every
+    later command it serves must ask for the same Ray."""
+
+    settings: dict = field(default_factory=dict)  # what the session was opened with
+    session: RaySession | None = None
+
+
+_held: Held | None = None
+
+
+class OtherSettings(Exception):
+    """A served command asks for a Ray other than the one the service holds."""
+
+
+def hold_sessions() -> Held:
+    """From now on this process's sessions stay open (a service's)."""
+    global _held
+    _held = Held()
+    return _held
+
+
+def serving() -> bool:
+    """Whether this process is a service running commands of other folders."""
+    return _held is not None
+
+
+def session_settings(cluster: ClusterConfig, env: dict[str, str], verbose: bool) -> dict:
+    """What a session is opened with, by key: the cluster keys Ray's start reads, and Ray
+    Train's knobs (set once for the job: orchestrator/ray_internals/train_hooks.py)."""
+    return {"cluster.address": cluster.address, "cluster.num_cpus": cluster.num_cpus,
+            "cluster.dashboard": cluster.dashboard,
+            "cluster.dashboard_port": cluster.dashboard_port, "log.ray_verbose": verbose,
+            "Ray Train's knobs (failure.hang_timeout_s, cluster.min_workers, "
+            "trainer's backend)": env}
+
+
+def check_held(settings: dict) -> bool:
+    """Whether a service already holds a session for these settings (OtherSettings if it holds
+    one for others)."""
+    if _held is None or _held.session is None:
+        return False
+    differ = [f"{k}={v!r} (the service's: {_held.settings[k]!r})" for k, v in settings.items()
+              if _held.settings[k] != v]
+    if differ:
+        raise OtherSettings("; ".join(differ))
+    return True
 
 
 def session_env(cfg: Config, backend: Backend) -> dict[str, str]:
@@ -42,7 +94,9 @@ def start_early(cfg_node: DictConfig, cfg: Config) -> None:
     except ConfigError:
         return  # said by the checks that follow
     args = (cfg.cluster, session_env(cfg, backend), cfg.log.ray_verbose)
-    session = RaySession(*args)
+    if check_held(session_settings(*args)):
+        return  # a service's session serves it
+    session = RaySession(*args, keep_open=_held is not None)
     session.start_in_background()
     _early = (args, session)
 
@@ -51,11 +105,18 @@ def session_for(cluster: ClusterConfig, env: dict[str, str], verbose: bool) -> R
     """The session started early for these settings, else a new one (``with`` starts it)."""
     global _early
     early, _early = _early, None
+    if check_held(session_settings(cluster, env, verbose)):
+        return RaySession(cluster, env, verbose)  # the held one, reused
+    session = None
     if early is not None:
         if early[0] == (cluster, env, verbose):
-            return early[1]
-        early[1].abandon()  # settings changed since (never seen): start as asked
-    return RaySession(cluster, env, verbose)
+            session = early[1]
+        else:
+            early[1].abandon()  # settings changed since (never seen): start as asked
+    session = session or RaySession(cluster, env, verbose, keep_open=_held is not None)
+    if _held is not None:
+        _held.settings, _held.session = session_settings(cluster, env, verbose), session
+    return session
 
 
 def abandon_early() -> bool:

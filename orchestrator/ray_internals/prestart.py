@@ -21,6 +21,19 @@ def prestart_like_this_process(count: int = 1) -> str | None:
     job and runtime environment. Returns why not (a speed-up only: nothing else changes), or
     None."""
     try:
+        import ray
+
+        env = ray.get_runtime_context().get_runtime_env_string()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    return prestart(env, count)
+
+
+def prestart(runtime_env: str, count: int, keep_alive_s: float = KEEP_ALIVE_S) -> str | None:
+    """Ask this node's raylet for ``count`` idle Python worker processes of this process's job
+    with the serialized ``runtime_env`` (as Ray's actor table records an actor's), kept from
+    idle reaping ``keep_alive_s``. Returns why not, or None."""
+    try:
         import grpc
         import ray
         from ray._private.authentication.grpc_authentication_client_interceptor import (
@@ -31,11 +44,10 @@ def prestart_like_this_process(count: int = 1) -> str | None:
 
         worker = ray._private.worker.global_worker
         node = worker.node
-        env = ray.get_runtime_context().get_runtime_env_string()
         request = node_manager_pb2.PrestartWorkersRequest(
             language=common_pb2.PYTHON, job_id=worker.current_job_id.binary(),
-            runtime_env_info=RuntimeEnvInfo(serialized_runtime_env=env),
-            keep_alive_duration_secs=KEEP_ALIVE_S, num_workers=count)
+            runtime_env_info=RuntimeEnvInfo(serialized_runtime_env=runtime_env),
+            keep_alive_duration_secs=int(keep_alive_s), num_workers=count)
         with grpc.insecure_channel(f"{node.node_ip_address}:{node.node_manager_port}") as channel:
             node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(
                 request, timeout=10, metadata=_get_authentication_metadata_tuple())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import sys
 import time
 import traceback
 from collections.abc import Mapping
@@ -40,9 +41,21 @@ class RayCollective:
         return ray.train.get_preemption_info()
 
 
+def enter_code_dir(folder: str) -> None:
+    """Where a plain command's workers on its node would be: in the command's folder, with it
+    first on sys.path (its own modules: trainer.model._target_=mypkg.Net)."""
+    if not os.path.isdir(folder):  # another node's disk
+        return
+    os.chdir(folder)
+    if sys.path[:1] != [folder]:
+        sys.path.insert(0, folder)
+
+
 def train_loop_per_worker(config: dict) -> None:
     """The function Ray Train runs on every worker."""
     spec: WorkerSpec = config["spec"]
+    if spec.code_dir:
+        enter_code_dir(spec.code_dir)
     train = ray.train.get_context()
     rank = train.get_world_rank()
     spec.recorder.worker_started.remote(rank, os.getpid(), ray.get_runtime_context().get_node_id())

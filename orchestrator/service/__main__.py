@@ -1,0 +1,62 @@
+"""`python -m orchestrator.service stop|status`: end this user's service (its Ray with it), or
+show it. `serve` is how a command starts it (orchestrator/service/client.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+
+USAGE = "usage: python -m orchestrator.service stop|status"
+
+
+def ask(message: dict) -> dict | None:
+    from orchestrator.service.place import Reader, send, socket_path
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(socket_path()))
+    except OSError:
+        return None
+    with conn:
+        send(conn, message)
+        return Reader(conn).next()
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["serve"]:
+        from orchestrator.service.server import main as serve
+
+        serve()
+        return 0
+    if argv not in (["stop"], ["status"]):
+        print(USAGE, file=sys.stderr)
+        return 2
+    reply = ask({argv[0]: True})
+    if reply is None:
+        print("no service is running")
+        return 0 if argv == ["stop"] else 1
+    if argv == ["stop"]:
+        wait_stopped(int(reply["stopping"]))
+        print(f"service {reply['stopping']} stopped")
+    else:
+        print(json.dumps(reply))
+    return 0
+
+
+def wait_stopped(pid: int, timeout_s: float = 60.0) -> None:
+    """Until the service's process (which shuts its Ray down first) has ended."""
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

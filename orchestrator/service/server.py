@@ -1,0 +1,353 @@
+"""The service: runs the commands handed to it, one at a time, in its own process, on the Ray
+its first command started, and keeps processes ready for the next (see __init__.py)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.service.place import Reader, code_stamp, send, socket_path
+
+log = logging.getLogger("orchestrator")
+
+# Where modules may stay loaded between commands: the installed packages and the standard
+# library (and the orchestrator itself). Anything else a command imported (the user's own
+# modules, which may change before the next command) is forgotten after it.
+KEPT_ROOTS = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+
+
+@dataclass
+class Command:
+    conn: socket.socket
+    reader: Reader
+    request: dict
+    fds: list[int] = field(default_factory=list)
+
+
+class Service:
+    def __init__(self) -> None:
+        self.path = socket_path()
+        self.stamp = code_stamp()
+        self.commands: queue.Queue[Command | None] = queue.Queue()
+        self.busy = threading.Event()
+        self.preparing: threading.Thread | None = None  # keeping processes ready (keep_ready)
+        self.next_command = threading.Event()  # ends the preparing
+        self.keep_alive_s = 600.0  # until the first command says
+        self.held = None
+        self.listener = listen(self.path)
+
+    def run(self) -> None:
+        from orchestrator.driver import interrupts
+        from orchestrator.driver.session_start import hold_sessions
+
+        self.held = hold_sessions()
+        interrupts.at_once[0] = signal.SIG_IGN  # a Ctrl-C once a run is over: it ends anyway
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # between commands: nothing to interrupt
+        threading.Thread(target=self.accept, name="accept", daemon=True).start()
+        try:
+            while True:
+                try:
+                    command = self.commands.get(timeout=self.keep_alive_s)
+                except queue.Empty:
+                    log.info("no command for %.0f s: stopping", self.keep_alive_s)
+                    return
+                if command is None:
+                    return
+                self.serve(command)
+        finally:
+            self.close()
+
+    def accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            reader = Reader(conn)
+            try:
+                request = reader.next()
+            except (OSError, ValueError):
+                request = None
+            if request is None:
+                conn.close()
+                continue
+            if request.get("stop"):
+                send(conn, {"stopping": os.getpid()})
+                conn.close()
+                self.commands.put(None)
+                return
+            if request.get("status"):
+                send(conn, self.status())
+                conn.close()
+                continue
+            if request.get("stamp") != self.stamp:
+                send(conn, {"stale": "the orchestrator's code changed since the service started"})
+                conn.close()
+                self.commands.put(None)
+                return
+            if self.busy.is_set():
+                send(conn, {"declined": "the service is running another command"})
+                conn.close()
+                continue
+            self.busy.set()
+            self.commands.put(Command(conn, reader, request, reader.fds))
+
+    def status(self) -> dict:
+        from orchestrator.ray_internals.ready_processes import idle_processes
+
+        ready = idle_processes() if self.held and self.held.session else []
+        return {"pid": os.getpid(), "busy": self.busy.is_set(),
+                "ray": bool(self.held and self.held.session), "ready_processes": len(ready),
+                "preparing": bool(self.preparing and self.preparing.is_alive()),
+                "keep_alive_s": self.keep_alive_s}
+
+    def serve(self, command: Command) -> None:
+        from orchestrator.driver.session_start import OtherSettings
+
+        request = command.request
+        self.keep_alive_s = float(request["keep_alive_s"])
+        send(command.conn, {"started": os.getpid()})
+        if self.preparing is not None:
+            self.next_command.set()
+            self.preparing.join()  # what it ends and starts must not be this command's
+            self.next_command.clear()
+        before = ServedState(command.fds, request)
+        relay = Relay(command.reader)
+        started = time.time()
+        reply: dict
+        try:
+            code = run_command(request)
+            reply = {"exit": code}
+        except OtherSettings as exc:
+            reply = {"declined": f"the service's Ray was started with other settings: {exc}"}
+        finally:
+            relay.stop()
+        actors = self.actors_since(started)
+        try:
+            if actors:
+                self.report_ready(actors, before.idle)
+        finally:
+            before.restore()
+        try:
+            send(command.conn, reply)
+        except OSError:
+            pass  # the command's process is gone
+        command.conn.close()
+        self.busy.clear()
+        if actors:  # a command that started no actor (bad input) leaves the ready ones
+            self.preparing = threading.Thread(target=self.keep_ready, args=(actors,),
+                                              name="keep-ready", daemon=True)
+            self.preparing.start()
+
+    def actors_since(self, started: float) -> list[dict]:
+        from orchestrator.ray_internals.ready_processes import actors_started_since
+
+        if self.held.session is None:
+            return []
+        try:
+            return actors_started_since(started)
+        except Exception as exc:  # noqa: BLE001  (private tables: a speed-up, not the run)
+            log.warning("the actor table is unavailable: %s", exc)
+            return []
+
+    def report_ready(self, actors: list[dict], idle_before: set[int]) -> None:
+        """Say, in the command's output, how many of its actors found a process ready."""
+        ready = sum(a["pid"] in idle_before for a in actors)
+        cold = sorted(a["class"] for a in actors if a["pid"] not in idle_before)
+        if cold:
+            log.debug("actors that started a process: %s", ", ".join(cold))
+        log.info("kept alive: %d of the run's %d actors started in processes kept ready; the "
+                 "service (pid %d) keeps this Ray %.0f s after its last command "
+                 "(python -m orchestrator.service stop)", ready, len(actors), os.getpid(),
+                 self.keep_alive_s)
+
+    def keep_ready(self, actors: list[dict]) -> None:
+        from orchestrator.ray_internals.ready_processes import end_run_actors, keep_ready_like
+
+        try:
+            killed = end_run_actors(actors)
+            if killed:
+                log.info("ended the run's actors left running: %s", ", ".join(killed))
+            problem = keep_ready_like(actors, self.keep_alive_s, self.next_command)
+        except Exception as exc:  # noqa: BLE001
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem:
+            log.warning("no processes kept ready for the next command: %s", problem)
+
+    def close(self) -> None:
+        """Stop listening first (a command sent now starts a new service), then end Ray."""
+        try:
+            if self.path.stat().st_ino == os.fstat(self.listener.fileno()).st_ino:
+                self.path.unlink()  # ours, not a newer service's
+        except OSError:
+            pass
+        self.listener.close()
+        if self.held is not None and self.held.session is not None:
+            self.held.session.close()
+
+
+def listen(path: Path) -> socket.socket:
+    """Bind the service's socket; a file left by a service that died is replaced, a live
+    service's is not (SystemExit: that one serves)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink(missing_ok=True)
+    else:
+        probe.close()
+        raise SystemExit(f"a service already listens at {path}")
+    finally:
+        probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    listener.listen(8)
+    return listener
+
+
+class ServedState:
+    """Put the command's terminal, environment, folder and command line in place; restore
+    the service's own afterwards."""
+
+    def __init__(self, fds: list[int], request: dict) -> None:
+        from orchestrator.ray_internals.ready_processes import idle_processes
+
+        self.idle = set(idle_processes()) if ray_up() else set()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved_fds = [os.dup(fd) for fd in (0, 1, 2)]
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+        for fd in fds:
+            os.close(fd)
+        self.env = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.argv = sys.argv[:]
+        self.path0 = sys.path[0]
+        self.modules = set(sys.modules)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.path[0] = request["cwd"]  # as `python -m` gives a command
+        importlib.invalidate_caches()
+
+    def restore(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:
+                pass  # the command's terminal is gone
+        reset_logging()
+        for target, fd in enumerate(self.saved_fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(self.env)
+        os.chdir(self.cwd)
+        sys.argv[:] = self.argv
+        sys.path[0] = self.path0
+        forget_modules(set(sys.modules) - self.modules)
+
+
+def ray_up() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+def run_command(request: dict) -> int:
+    from orchestrator.cli import run_command as run
+    from orchestrator.driver.session_start import OtherSettings
+
+    try:
+        return run(request["argv"], request["started_at"])
+    except OtherSettings:
+        raise
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BaseException:  # noqa: BLE001  (the command's failure, never the service's)
+        traceback.print_exc()
+        return 1
+
+
+class Relay:
+    """The command's Ctrl-C (or its process gone) interrupts the run, as it would a plain
+    command: SIGINT to this process, while the command runs."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+        self.lock = threading.Lock()
+        self.running = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a plain command's
+        threading.Thread(target=self.watch, name="relay", daemon=True).start()
+
+    def watch(self) -> None:
+        while True:
+            try:
+                message = self.reader.next()
+            except (OSError, ValueError):
+                message = None
+            if message is None or "signal" in message:
+                with self.lock:
+                    if not self.running:
+                        return
+                    os.kill(os.getpid(), signal.SIGINT)
+            if message is None:
+                return
+
+    def stop(self) -> None:
+        """No SIGINT from here on; one sent just before is taken here, not by the service."""
+        while True:
+            try:
+                with self.lock:
+                    self.running = False
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                return
+            except KeyboardInterrupt:
+                continue
+
+
+def forget_modules(names: set[str]) -> None:
+    for name in names:
+        module = sys.modules.get(name)
+        where = getattr(module, "__file__", None) or ""
+        if name.split(".")[0] == "orchestrator" or where.startswith(KEPT_ROOTS):
+            continue
+        sys.modules.pop(name, None)
+
+
+def reset_logging() -> None:
+    """The command's handlers (its terminal, its run folder's log file) go with it."""
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        if isinstance(logger, logging.Logger):
+            for handler in logger.handlers[:]:
+                logger.removeHandler(handler)
+                handler.close()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+
+
+def main() -> None:
+    from orchestrator.redaction import hide_secrets_in_logs
+
+    hide_secrets_in_logs()
+    sys.stdout.reconfigure(line_buffering=True)
+    reset_logging()
+    service = Service()
+    log.info("service %d listening at %s", os.getpid(), service.path)
+    import orchestrator.cli  # noqa: F401  (Hydra, the config schema: ready for the first command)
+    service.run()
