@@ -66,13 +66,19 @@ def session_settings(cluster: ClusterConfig, env: dict[str, str], verbose: bool)
             "trainer's backend)": env}
 
 
+def shown(value) -> str:
+    """A value as the command line writes it."""
+    return {None: "null", True: "true", False: "false"}.get(value, repr(value)) \
+        if isinstance(value, (bool, type(None))) else repr(value)
+
+
 def check_held(settings: dict) -> bool:
     """Whether a service already holds a session for these settings (OtherSettings if it holds
     one for others)."""
     if _held is None or _held.session is None:
         return False
-    differ = [f"{k}={v!r} (the service's: {_held.settings[k]!r})" for k, v in settings.items()
-              if _held.settings[k] != v]
+    differ = [f"{k}={shown(v)} (the service's: {shown(_held.settings[k])})"
+              for k, v in settings.items() if _held.settings[k] != v]
     if differ:
         raise OtherSettings("; ".join(differ))
     return True

@@ -30,8 +30,9 @@ IDLE_TITLE = b"ray::IDLE"  # what Ray names an idle worker process (setproctitle
 
 
 def actors_started_since(since_s: float) -> list[dict]:
-    """This job's actors placed on this node that started at or after ``since_s`` (epoch
-    seconds): class name, serialized runtime environment, pid."""
+    """This job's actors of one run placed on this node that started at or after ``since_s``
+    (epoch seconds): class name, serialized runtime environment, pid. Not named or detached
+    actors: those outlive a run (Ray's AutoscalingCoordinator, on a joined cluster)."""
     import ray
     from ray._private import state
     from ray.core.generated import gcs_pb2
@@ -42,7 +43,8 @@ def actors_started_since(since_s: float) -> list[dict]:
     found = []
     for raw in table:
         actor = gcs_pb2.ActorTableData.FromString(raw)
-        if actor.start_time / 1000 >= since_s and actor.node_id.hex() == node:
+        if actor.start_time / 1000 >= since_s and actor.node_id.hex() == node and \
+                not actor.is_detached and not actor.name:
             found.append({"class": actor.class_name.rsplit(".", 1)[-1], "pid": actor.pid,
                           "runtime_env": actor.serialized_runtime_env})
     return found

@@ -106,7 +106,7 @@ class Service:
         from orchestrator.ray_internals.ready_processes import idle_processes
 
         ready = idle_processes() if self.held and self.held.session else []
-        return {"pid": os.getpid(), "busy": self.busy.is_set(),
+        return {"pid": os.getpid(), "busy": self.busy.is_set(), "job": job_id(),
                 "ray": bool(self.held and self.held.session), "ready_processes": len(ready),
                 "preparing": bool(self.preparing and self.preparing.is_alive()),
                 "keep_alive_s": self.keep_alive_s}
@@ -258,6 +258,12 @@ class ServedState:
         sys.argv[:] = self.argv
         sys.path[0] = self.path0
         forget_modules(set(sys.modules) - self.modules)
+
+
+def job_id() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_job_id() if ray.is_initialized() else None
 
 
 def ray_up() -> bool:
