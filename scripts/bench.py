@@ -72,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
                         "with it too, right after its own, each repeat")
     g.add_argument("--fixed-warm", type=int, default=1,
                    help="fixed_cost: also time commands joining a running cluster (0: skip)")
+    g.add_argument("--fixed-served", type=int, default=1,
+                   help="fixed_cost: also time commands run by a service kept alive "
+                        "(cluster.keep_alive) on an embedded Ray (0: skip)")
     g.add_argument("--sweep-trials", type=int, default=4,
                    help="also time a sweep of N trials in one Ray session (0: skip)")
     g.add_argument("--recovery-kill-step", type=int, default=120)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 from orchestrator.service.place import (
     Reader,
@@ -110,26 +110,66 @@ def connect(path) -> socket.socket | None:
 
 
 def start_service(path) -> socket.socket | None:
-    """Start the service detached from this terminal (its own session: a Ctrl-C here is
-    relayed, not delivered), and connect once it listens."""
-    env = {**os.environ, "RAY_ENABLE_AUTO_CONNECT": "0"}
-    with open(log_path(), "ab") as log:
-        service = subprocess.Popen([sys.executable, "-m", "orchestrator.service", "serve"],
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                                   start_new_session=True, close_fds=True)
+    """Start the service as a daemon, and connect once it listens. Not this command's child:
+    whatever ends this command's process tree (a terminal's hangup, a CI job's cleanup, a
+    benchmark's) must not end the service with it."""
+    pid = daemon([sys.executable, "-m", "orchestrator.service", "serve"],
+                 {**os.environ, "RAY_ENABLE_AUTO_CONNECT": "0"}, log_path())
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         conn = connect(path)
         if conn is not None:
             return conn
-        if service.poll() is not None:
-            note(f"the service did not start (exit {service.returncode}; its log: "
-                 f"{log_path()}); this command runs on its own")
+        if not alive(pid):
+            note(f"the service did not start (its log: {log_path()}); this command runs on its "
+                 "own")
             return None
         time.sleep(0.05)
     note(f"the service did not listen within {START_TIMEOUT_S:.0f} s (its log: {log_path()}); "
          "this command runs on its own")
     return None
+
+
+def daemon(argv: list[str], env: dict[str, str], log) -> int:
+    """Run ``argv`` in a grandchild of its own session (the child exits at once, so init
+    adopts it); its pid."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: a new session, the grandchild, then gone
+        try:
+            os.close(read)
+            os.setsid()
+            grandchild = os.fork()
+            if grandchild == 0:
+                os.close(write)
+                null = os.open(os.devnull, os.O_RDONLY)
+                out = os.open(str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                os.dup2(null, 0)
+                os.dup2(out, 1)
+                os.dup2(out, 2)
+                os.closerange(3, 1 << 16)
+                os.execve(argv[0], argv, env)
+            os.write(write, str(grandchild).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        pid = int(pipe.read() or 0)
+    os.waitpid(child, 0)
+    return pid
+
+
+def alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not alive (init reaps it soon)
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def wait_gone(path, timeout_s: float = 60.0) -> None:

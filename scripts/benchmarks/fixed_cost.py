@@ -8,12 +8,14 @@ trial (one Ray session for all)."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from scripts.benchmarks.common import (
     BASELINES,
     ORCHESTRATOR,
     PYTHON,
+    REPO,
     Goal,
     figure,
     first_step_at,
@@ -90,17 +92,59 @@ def run(args: argparse.Namespace, work: Path) -> dict:
             sides["orchestrator_tree_warm"] = orchestrated(
                 "orchestrator_tree_warm", [f"cluster.address={head.address}"],
                 {"PYTHONSAFEPATH": "1", "PYTHONPATH": args.fixed_tree})
+    served_env = {"ORCHESTRATOR_SERVICE_DIR": str(work / "svc")}
+    first_served = None
+    if getattr(args, "fixed_served", 0):  # a service kept alive (cluster.keep_alive) on an embedded Ray
+        keep = ["cluster.keep_alive=600"]
+        first_served = orchestrated("orchestrator_served_first", keep, served_env)(0)
+        command = orchestrated("orchestrator_served", keep, served_env)
+
+        def served(i: int) -> dict:
+            wait_service_ready(served_env)  # what it starts between commands: not timed
+            return command(i)
+
+        sides["orchestrator_served"] = served
     try:
         runs = interleave(sides, args.repeats, log=lambda m: progress(f"fixed_cost {m}"))
     finally:
+        if first_served is not None:
+            stop_service(served_env)
         if head is not None:
             from scripts.local_cluster import stop_cluster
 
             stop_cluster(head)
     result = summarize(spec, runs)
+    if first_served is not None:
+        result["served_first_command"] = first_served
     if args.sweep_trials:
         result["sweep"] = sweep_cost(args, work, epochs, result)
     return result
+
+
+def service_command(env: dict[str, str], command: str) -> str:
+    import subprocess
+
+    done = subprocess.run([PYTHON, "-m", "orchestrator.service", command], cwd=REPO,
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    return done.stdout
+
+
+def wait_service_ready(env: dict[str, str], timeout_s: float = 120) -> None:
+    """Until the service has started the processes for the next command (as a user who reads
+    the last command's output first would find it)."""
+    import json
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = service_command(env, "status")
+        if out and not json.loads(out)["preparing"]:
+            return
+        time.sleep(0.5)
+
+
+def stop_service(env: dict[str, str]) -> None:
+    service_command(env, "stop")
 
 
 def summarize(spec: dict, runs: dict[str, list[dict]]) -> dict:
@@ -120,10 +164,10 @@ def summarize(spec: dict, runs: dict[str, list[dict]]) -> dict:
                 figures[f"{key}_{side.removeprefix('orchestrator_')}_vs_ray_train"] = figure(
                     ratio(medians[side][key], medians["ray_train"][key]), GOAL)
         if "torchrun" in runs:  # issue 30: a cold start <= 2x torchrun's, a warm one <= 1.3x
-            for side, goal in (("orchestrator", TORCHRUN_GOAL),
-                               ("orchestrator_warm", WARM_TORCHRUN_GOAL)):
+            for side, goal, name in (("orchestrator", TORCHRUN_GOAL, ""),
+                                     ("orchestrator_warm", WARM_TORCHRUN_GOAL, "warm_"),
+                                     ("orchestrator_served", WARM_TORCHRUN_GOAL, "served_")):
                 if side in runs:
-                    name = "warm_" if side.endswith("_warm") else ""
                     figures[f"{key}_{name}vs_torchrun"] = figure(
                         ratio(medians[side][key], medians["torchrun"][key]),
                         goal if key == "to_exit_s" else None,
