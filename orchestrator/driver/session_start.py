@@ -58,10 +58,11 @@ def serving() -> bool:
 
 def session_settings(cluster: ClusterConfig, env: dict[str, str], verbose: bool) -> dict:
     """What a session is opened with, by key: the cluster keys Ray's start reads, and Ray
-    Train's knobs (set once for the job: orchestrator/ray_internals/train_hooks.py)."""
+    Train's knobs (set once for the job: orchestrator/ray_internals/train_hooks.py). Not
+    cluster.dashboard_port: a port asked for is only where a new dashboard would go, and a
+    served command names the held one."""
     return {"cluster.address": cluster.address, "cluster.num_cpus": cluster.num_cpus,
-            "cluster.dashboard": cluster.dashboard,
-            "cluster.dashboard_port": cluster.dashboard_port, "log.ray_verbose": verbose,
+            "cluster.dashboard": cluster.dashboard, "log.ray_verbose": verbose,
             "Ray Train's knobs (failure.hang_timeout_s, cluster.min_workers, "
             "trainer's backend)": env}
 
