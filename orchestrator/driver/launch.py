@@ -28,7 +28,7 @@ from orchestrator.driver.record import RunRecord, redact
 from orchestrator.driver.recorder import FaultReporter, start_recorder
 from orchestrator.driver.run_plan import RunPlan, complete_data, make_plan
 from orchestrator.driver.scaling import scaling_kwargs
-from orchestrator.driver.session_start import serving, session_env, session_for
+from orchestrator.driver.session_start import served_folder, session_env, session_for
 from orchestrator.errors import ConfigError, print_error
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
@@ -204,7 +204,7 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
                       max_restarts=cfg.failure.max_restarts,
                       # A sweep's trials keep no process for a restart (orchestrator/worker/spare.py).
                       spare_after_s=cfg.failure.spare_after_s if spares else None,
-                      code_dir=str(Path.cwd()) if serving() else None)
+                      code_dir=served_folder())
     run_config = RunConfig(
         name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
         storage_path=str(output_dir / "ray_train"),

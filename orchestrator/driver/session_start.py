@@ -35,6 +35,7 @@ class Held:
 
     settings: dict = field(default_factory=dict)  # what the session was opened with
     session: RaySession | None = None
+    folder: str | None = None  # the folder of the command being served
 
 
 _held: Held | None = None
@@ -51,9 +52,10 @@ def hold_sessions() -> Held:
     return _held
 
 
-def serving() -> bool:
-    """Whether this process is a service running commands of other folders."""
-    return _held is not None
+def served_folder() -> str | None:
+    """The folder of the command a service is running (its workers start there; Hydra may
+    have moved this process into the run's output folder since), else None."""
+    return _held.folder if _held is not None else None
 
 
 def session_settings(cluster: ClusterConfig, env: dict[str, str], verbose: bool) -> dict:

@@ -21,9 +21,10 @@ from orchestrator.service.place import Reader, code_stamp, send, socket_path
 log = logging.getLogger("orchestrator")
 
 # Where modules may stay loaded between commands: the installed packages and the standard
-# library (and the orchestrator itself). Anything else a command imported (the user's own
+# library, and this project's own packages. Anything else a command imported (the user's own
 # modules, which may change before the next command) is forgotten after it.
 KEPT_ROOTS = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+OUR_PACKAGES = ("orchestrator", "trainers", "hydra_plugins")
 
 
 @dataclass
@@ -63,7 +64,11 @@ class Service:
                     return
                 if command is None:
                     return
-                self.serve(command)
+                try:
+                    self.serve(command)
+                except Exception:  # noqa: BLE001  (one command's trouble, not the service's end)
+                    log.exception("serving a command failed")
+                    self.busy.clear()
         finally:
             self.close()
 
@@ -117,6 +122,7 @@ class Service:
         request = command.request
         self.keep_alive_s = float(request["keep_alive_s"])
         send(command.conn, {"started": os.getpid()})
+        self.held.folder = request["cwd"]
         if self.preparing is not None:
             self.next_command.set()
             self.preparing.join()  # what it ends and starts must not be this command's
@@ -283,11 +289,19 @@ def run_command(request: dict) -> int:
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else 1
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        say("interrupted")
         return 130
     except BaseException:  # noqa: BLE001  (the command's failure, never the service's)
-        traceback.print_exc()
+        say(traceback.format_exc())
         return 1
+
+
+def say(text: str) -> None:
+    """To the command's terminal, which may be gone (its process killed)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 class Relay:
@@ -331,7 +345,7 @@ def forget_modules(names: set[str]) -> None:
     for name in names:
         module = sys.modules.get(name)
         where = getattr(module, "__file__", None) or ""
-        if name.split(".")[0] == "orchestrator" or where.startswith(KEPT_ROOTS):
+        if name.split(".")[0] in OUR_PACKAGES or where.startswith(KEPT_ROOTS):
             continue
         sys.modules.pop(name, None)
 
