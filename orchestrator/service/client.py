@@ -64,9 +64,13 @@ def hand_over(argv: list[str], started_at: float) -> int | None:
         if conn is None:
             return None
         with conn:
-            send(conn, request, [0, 1, 2])
-            reader = Reader(conn)
-            reply = reader.next()
+            try:
+                send(conn, request, [0, 1, 2])
+                reader = Reader(conn)
+                reply = reader.next()
+            except OSError as exc:  # a standard stream closed, say: nothing ran yet
+                note(f"the service could not take the command ({exc}); it runs on its own")
+                return None
             if reply is None or "stale" in reply:
                 wait_gone(path)
                 continue

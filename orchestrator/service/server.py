@@ -240,12 +240,14 @@ class ServedState:
         self.env = dict(os.environ)
         self.cwd = os.getcwd()
         self.argv = sys.argv[:]
-        self.path0 = sys.path[0]
+        self.path = sys.path[:]
         self.modules = set(sys.modules)
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        sys.path[0] = request["cwd"]  # as `python -m` gives a command
+        # As `python -m` gives a command: its folder first, then its PYTHONPATH.
+        theirs = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [request["cwd"], *theirs, *[p for p in self.path[1:] if p not in theirs]]
         importlib.invalidate_caches()
 
     def restore(self) -> None:
@@ -262,7 +264,7 @@ class ServedState:
         os.environ.update(self.env)
         os.chdir(self.cwd)
         sys.argv[:] = self.argv
-        sys.path[0] = self.path0
+        sys.path[:] = self.path
         forget_modules(set(sys.modules) - self.modules)
 
 
