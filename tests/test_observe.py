@@ -118,6 +118,18 @@ def test_the_observing_core_imports_no_framework():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_recorders_process_imports_neither_ray_train_nor_pandas():
+    """The recorder's actor process starts on every run's path to its first step: what its
+    class and the metrics it exports import is all it pays (ray.train brings ray.data and
+    pandas, ~0.5 CPU-s)."""
+    code = ("import sys, orchestrator.driver.recorder, orchestrator.observe.metrics; "
+            "print(sorted(m for m in ('ray.train', 'ray.data', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
 # -- a real run, killed worker included ---------------------------------------------------------
 
 def scrape(url: str, run_name: str) -> dict[str, float]:

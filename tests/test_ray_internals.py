@@ -168,6 +168,18 @@ def test_every_environment_variable_set_for_ray_is_one_ray_reads(names):
     assert found == wanted, wanted - found
 
 
+def test_every_system_config_key_of_an_embedded_cluster_is_one_rays_raylet_knows():
+    """Ray refuses to start with a key it does not know (its GCS exits, ray.init times out):
+    a renamed key would fail every embedded command, so it fails here first, by name."""
+    import ray
+
+    from orchestrator.ray_internals.knobs import EMBEDDED_SYSTEM_CONFIG
+
+    raylet = (Path(ray.__file__).parent / "core/src/ray/raylet/raylet").read_bytes()
+    assert EMBEDDED_SYSTEM_CONFIG
+    assert [k for k in EMBEDDED_SYSTEM_CONFIG if k.encode() not in raylet] == []
+
+
 def test_ray_cores_private_helpers_are_there():
     from ray._private.authentication import authentication_token_setup
     from ray._private.authentication.authentication_utils import is_token_auth_enabled

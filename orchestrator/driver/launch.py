@@ -21,11 +21,12 @@ from orchestrator.config.paths import resolve_paths
 from orchestrator.config.schema import Config
 from orchestrator.config.typed import to_typed
 from orchestrator.driver.backends import Backend, check_cluster
+from orchestrator.driver.fault_reporter import FaultReporter
 from orchestrator.driver.interrupts import DeferredInterrupt
 from orchestrator.driver.placement_watch import PlacementWatch
 from orchestrator.driver.ray_session import RaySession, user_pythonpath
 from orchestrator.driver.record import RunRecord, redact
-from orchestrator.driver.recorder import FaultReporter, start_recorder
+from orchestrator.driver.recorder import start_recorder
 from orchestrator.driver.run_plan import RunPlan, complete_data, make_plan
 from orchestrator.driver.scaling import scaling_kwargs
 from orchestrator.driver.session_start import served_folder, session_env, session_for

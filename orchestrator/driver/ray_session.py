@@ -23,6 +23,7 @@ from orchestrator.ray_internals.cluster import (
     token_location,
     use_token_auth_if_available,
 )
+from orchestrator.ray_internals.knobs import EMBEDDED_SYSTEM_CONFIG
 from orchestrator.ray_internals.process_starts import close_starts
 
 log = logging.getLogger("orchestrator")
@@ -191,6 +192,7 @@ class RaySession:
                 include_dashboard=c.dashboard,
                 dashboard_host="127.0.0.1",  # never beyond this machine by default
                 dashboard_port=dashboard_port(c.dashboard_port) if c.dashboard else None,
+                _system_config=EMBEDDED_SYSTEM_CONFIG,
                 **quiet,
             )
         url = getattr(context, "dashboard_url", None)

@@ -11,7 +11,6 @@ import os
 import time
 
 import ray
-from ray.train import UserCallback
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.driver.failure_policy import WorkerError
@@ -258,19 +257,6 @@ class RunRecorder:
         if self.curves:
             self.curves.close()
         return self.record.to_dict()
-
-
-class FaultReporter(UserCallback):
-    """Runs in Ray Train's controller and tells the recorder as soon as workers fail."""
-
-    def __init__(self, recorder):
-        self.recorder = recorder
-
-    def after_exception(self, run_context, worker_exceptions: dict) -> None:
-        self.recorder.group_failed.remote({
-            rank: f"{type(exc).__name__}: " + next(
-                (ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:200]
-            for rank, exc in worker_exceptions.items()})
 
 
 def start_recorder(path: str, record: RunRecord, tensorboard_dir: str | None = None,

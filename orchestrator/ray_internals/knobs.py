@@ -20,3 +20,11 @@ AUTO_CONNECT = "RAY_ENABLE_AUTO_CONNECT"
 # set on the training workers' (orchestrator/worker/warm.py).
 SETUP_HOOK = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 CORE_KNOBS = (AUTO_CONNECT, SETUP_HOOK)
+
+# Ray core's system config for a cluster the command starts itself (ray.init's _system_config;
+# Ray refuses to start with a key it does not know). When the first driver connects, the
+# raylet starts one idle worker process per CPU with no job and no runtime environment; every
+# process of a run has one (Ray Train's knobs are the job's variables), so none could take
+# those, and starting them cost ~0.7 CPU-s in the second the run's recorder and controller
+# start their own (2 cores).
+EMBEDDED_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}

@@ -44,12 +44,15 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     spec = {"data": "digits", "epochs": epochs, "steps": 22 * epochs, "batch_size": 64,
             "workers": 2}
 
-    def orchestrated(name: str, overrides: list[str], env: dict[str, str]):
+    def orchestrated(name: str, overrides: list[str], env: dict[str, str], tree: str | None = None):
+        """A side; with ``tree``, an older checkout's code. Run from its folder: Ray puts the
+        driver's folder first on its processes' sys.path, so from this repository the old
+        driver's controller, recorder and workers would import this tree's modules."""
         def side(i: int) -> dict:
             run_dir = work / f"{name}-{i}"
             timed, peaks = run_watched(
                 orchestrator_cmd(run_dir, f"trainer.epochs={epochs}", *overrides),
-                work / f"{name}-{i}.log", env=env)
+                work / f"{name}-{i}.log", env=env, **({"cwd": Path(tree)} if tree else {}))
             rec = read_json(run_dir / "run.json")
             return {"to_exit_s": timed.wall_s,
                     "to_first_step_s": round(first_step_at(rec) - timed.started_at, 3),
@@ -79,7 +82,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         sides[f"orchestrator_{name}"] = orchestrated(f"orchestrator_{name}", overrides, env)
     if getattr(args, "fixed_tree", None):  # an older checkout's driver, side by side
         sides["orchestrator_tree"] = orchestrated(
-            "orchestrator_tree", [], {"PYTHONSAFEPATH": "1", "PYTHONPATH": args.fixed_tree})
+            "orchestrator_tree", [], {"PYTHONSAFEPATH": "1", "PYTHONPATH": args.fixed_tree},
+            args.fixed_tree)
     head = None
     if args.fixed_warm:  # the second command: a cluster already running (`ray start --head`)
         from scripts.local_cluster import start_head
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         if getattr(args, "fixed_tree", None):  # the older checkout's driver joining it too
             sides["orchestrator_tree_warm"] = orchestrated(
                 "orchestrator_tree_warm", [f"cluster.address={head.address}"],
-                {"PYTHONSAFEPATH": "1", "PYTHONPATH": args.fixed_tree})
+                {"PYTHONSAFEPATH": "1", "PYTHONPATH": args.fixed_tree}, args.fixed_tree)
     served_env = {"ORCHESTRATOR_SERVICE_DIR": str(work / "svc")}
     first_served = None
     if getattr(args, "fixed_served", 0):  # a service kept alive (cluster.keep_alive) on an embedded Ray

@@ -14,11 +14,11 @@ from scripts.benchmarks.proctree import TreeWatcher, start, stop_tree
 
 
 def run_watched(cmd: list[str], log: Path, env: dict | None = None, timeout: float = 900,
-                series: bool = False) -> tuple[Timed, dict]:
+                series: bool = False, cwd: Path = REPO) -> tuple[Timed, dict]:
     """Run a command to its end while polling its process tree; (timing, peak memory and CPU
     seconds; with series, the training workers' sampled CPU under "series")."""
     started = time.time()
-    proc = start(cmd, REPO, bench_env(env), log)
+    proc = start(cmd, cwd, bench_env(env), log)
     watcher = TreeWatcher(proc.pid).start()
     try:
         proc.wait(timeout=timeout)

@@ -78,7 +78,8 @@ def one(args: argparse.Namespace, work: Path, i: int, tree: str | None = None) -
                            *([] if tree else [f"failure.spare_after_s={spare_flag(spare_after)}"]))
     env = bench_env({"PYTHONSAFEPATH": "1", "PYTHONPATH": tree} if tree else None)
     started = time.time()
-    proc = start(cmd, REPO, env, work / f"{name}.log")
+    # From the tree's folder: Ray puts the driver's folder first on its processes' sys.path.
+    proc = start(cmd, Path(tree) if tree else REPO, env, work / f"{name}.log")
     try:
         kill_at = args.recovery_kill_step
         rec = wait_for(run_dir, lambda r: r.get("steps", 0) >= kill_at and
