@@ -419,14 +419,16 @@ def test_the_torch_backend_leaves_torch_out_of_the_controller_and_calls_rays_own
 
 def test_the_monitor_killed_before_shutdown_is_found_where_ray_keeps_its_processes(monkeypatch):
     """Ray's node keeps its processes as services.ProcessInfo tuples by type; the monitor's
-    is killed (here a stand-in node holding a real process), others are left to Ray."""
+    is killed (here a stand-in node holding a real process), others are left to Ray. A raylet
+    that exited is seen there too (a service then stops instead of running the next command on
+    a dead Ray)."""
     import subprocess
     import sys
 
     from ray._private import ray_constants, services, worker
     from ray._private.node import Node
 
-    from orchestrator.ray_internals.cluster import stop_autoscaler_monitor
+    from orchestrator.ray_internals.cluster import exited_ray_process, stop_autoscaler_monitor
 
     assert "process" in services.ProcessInfo._fields
     assert "self.all_processes" in inspect.getsource(Node.__init__)
@@ -442,6 +444,10 @@ def test_the_monitor_killed_before_shutdown_is_found_where_ray_keeps_its_process
     try:
         stop_autoscaler_monitor()
         assert sleepers[0].poll() is not None and sleepers[1].poll() is None
+        assert exited_ray_process() is None
+        sleepers[1].kill()
+        sleepers[1].wait()
+        assert exited_ray_process() == ray_constants.PROCESS_TYPE_RAYLET
     finally:
         for p in sleepers:
             p.kill()

@@ -68,6 +68,25 @@ def stop_autoscaler_monitor() -> None:
             info.process.wait(timeout=5)
 
 
+def exited_ray_process() -> str | None:
+    """Which of the GCS and the raylet this process started has exited (a Ray it holds across
+    commands, killed or crashed since), else None; None too for a Ray it joined."""
+    try:
+        from ray._private import ray_constants
+        from ray._private.worker import _global_node
+
+        table = _global_node.all_processes if _global_node is not None else {}
+        kinds = (ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET)
+    except Exception as exc:  # private: a renamed attribute costs the check, not the command
+        log.debug("Ray's process table unavailable: %s", exc)
+        return None
+    for kind in kinds:
+        for info in table.get(kind, []):
+            if info.process.poll() is not None:
+                return kind
+    return None
+
+
 def placed_but_not_started(actor_class: str = "RayTrainWorker") -> list[str]:
     """The node ids where this job's placement groups are placed and its ``actor_class`` actors
     still wait to be created: their processes are not starting. (A process that dies as it

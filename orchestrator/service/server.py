@@ -104,6 +104,13 @@ class Service:
                 send(conn, {"declined": "the service is running another command"})
                 conn.close()
                 continue
+            gone = ray_exited()
+            if gone:  # a Ray whose core process died takes the next command down with it
+                send(conn, {"declined": f"the service's Ray stopped (its {gone} exited), so "
+                                        "the service stops too"})
+                conn.close()
+                self.commands.put(None)
+                return
             self.busy.set()
             self.commands.put(Command(conn, reader, request, reader.fds))
 
@@ -112,7 +119,8 @@ class Service:
 
         ready = idle_processes() if self.held and self.held.session else []
         return {"pid": os.getpid(), "busy": self.busy.is_set(), "job": job_id(),
-                "ray": bool(self.held and self.held.session), "ready_processes": len(ready),
+                "ray": bool(self.held and self.held.session) and not ray_exited(),
+                "ready_processes": len(ready),
                 "preparing": bool(self.preparing and self.preparing.is_alive()),
                 "keep_alive_s": self.keep_alive_s}
 
@@ -278,6 +286,14 @@ def ray_up() -> bool:
     import ray
 
     return ray.is_initialized()
+
+
+def ray_exited() -> str | None:
+    import ray
+
+    from orchestrator.ray_internals.cluster import exited_ray_process
+
+    return exited_ray_process() if ray.is_initialized() else None
 
 
 def run_command(request: dict) -> int:
