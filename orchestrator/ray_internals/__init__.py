@@ -1,8 +1,10 @@
 """Everything the orchestrator takes from Ray that Ray does not promise to keep, in one place:
 
 - cluster.py: Ray core's private state and token-auth helpers, its node's table of the
-  processes it started (the autoscaler monitor, stopped before ray.shutdown()), and the file
-  `ray start` records its address in;
+  processes it started (the autoscaler monitor, stopped before ray.shutdown(); a GCS or raylet
+  that exited under a service), and the file `ray start` records its address in;
+- knobs.py: the names of Ray's environment variables the orchestrator sets, and the system
+  config of a cluster a command starts itself;
 - train_hooks.py: Ray Train's private trainer hooks (its default callbacks, its SIGINT
   handler) and the controller's settings made of knobs.py's environment variables;
 - pg_cleaner.py: a sweep trial's placement groups, registered in Ray's internal key-value
