@@ -68,6 +68,8 @@ def test_every_option_composes_and_types(override):
         (["log.progress_every_s=0"], "log.progress_every_s=0"),
         (["log.ray_verbose=maybe"], "log.ray_verbose='maybe'"),
         (["failure.spare_after_s=-1"], "failure.spare_after_s=-1"),
+        (["cluster.keep_alive=inf"], "cluster.keep_alive=inf"),  # a service could not wait so long
+        (["cluster.keep_alive=1e12"], "cluster.keep_alive=1000000000000.0"),
     ],
 )
 def test_bad_overrides_name_the_key(overrides, key):

@@ -134,6 +134,7 @@ def test_a_kept_alive_service_runs_the_next_commands_in_processes_it_kept_ready(
     done = service(service_env, "stop")
     assert done.returncode == 0 and f"service {ready['pid']} stopped" in done.stdout, done
     assert status(service_env) is None
+    assert not list(Path(service_env["ORCHESTRATOR_SERVICE_DIR"]).glob("*.sock"))  # no stale file
     deadline = time.monotonic() + 60
     while job_processes(ready["job"]) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -146,6 +147,8 @@ def test_a_kept_alive_service_runs_the_next_commands_in_processes_it_kept_ready(
     (["cluster.keep_alive=600", "cluster.keep_alive=0"], None),  # the last one counts
     (["++cluster.keep_alive=30"], 30.0),
     (["cluster.keep_alive=soon"], None),  # left to the checks: one line, exit 2
+    (["cluster.keep_alive=inf"], None),  # so are values beyond what a service can wait
+    (["cluster.keep_alive=2592000"], 2592000.0),
     (["--multirun", "cluster.keep_alive=600", "trainer.lr=0.1,0.2"], None),  # a sweep: its own
     (["--cfg", "job", "cluster.keep_alive=600"], None),
     ([], None),

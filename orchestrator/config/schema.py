@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from orchestrator.config.rules import require, require_path_name
+from orchestrator.service.place import KEEP_ALIVE_MAX_S
 
 RESUME_MODES = ("auto", "never")
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement strategies
@@ -67,8 +68,8 @@ class ClusterConfig:
                 "a number >= 0")
         if self.num_cpus is not None:
             require(self.num_cpus >= 1, "cluster.num_cpus", self.num_cpus, "null or an integer >= 1")
-        require(self.keep_alive >= 0, "cluster.keep_alive", self.keep_alive,
-                "a number of seconds >= 0 (0: no service)")
+        require(0 <= self.keep_alive <= KEEP_ALIVE_MAX_S, "cluster.keep_alive", self.keep_alive,
+                f"a number of seconds from 0 (no service) to {KEEP_ALIVE_MAX_S} (30 days)")
         require(self.resize_check_s > 0, "cluster.resize_check_s", self.resize_check_s,
                 "a number of seconds > 0")
         require(self.placement in PLACEMENTS, "cluster.placement", self.placement,

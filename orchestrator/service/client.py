@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from orchestrator.service.place import (
+    KEEP_ALIVE_MAX_S,
     Reader,
     ServiceError,
     code_stamp,
@@ -39,7 +40,7 @@ def keep_alive_asked(argv: list[str]) -> float | None:
                 seconds = float(value)
             except ValueError:
                 return None
-            return seconds if seconds > 0 else None
+            return seconds if 0 < seconds <= KEEP_ALIVE_MAX_S else None
     return None
 
 

@@ -16,6 +16,9 @@ import tempfile
 from pathlib import Path
 
 SERVICE_DIR = "ORCHESTRATOR_SERVICE_DIR"  # where the socket and the log live (tests: their own)
+# cluster.keep_alive's largest value: the service waits that long for its next command, and
+# Python's waits overflow far below float's range (1e12 s, inf).
+KEEP_ALIVE_MAX_S = 30 * 24 * 3600
 PACKAGE = Path(__file__).resolve().parent.parent
 
 

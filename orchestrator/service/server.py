@@ -46,6 +46,7 @@ class Service:
         self.keep_alive_s = 600.0  # until the first command says
         self.held = None
         self.listener = listen(self.path)
+        self.inode = self.path.stat().st_ino  # the socket's file (fstat of it gives sockfs's)
 
     def run(self) -> None:
         from orchestrator.driver import interrupts
@@ -201,7 +202,7 @@ class Service:
     def close(self) -> None:
         """Stop listening first (a command sent now starts a new service), then end Ray."""
         try:
-            if self.path.stat().st_ino == os.fstat(self.listener.fileno()).st_ino:
+            if self.path.stat().st_ino == self.inode:
                 self.path.unlink()  # ours, not a newer service's
         except OSError:
             pass
