@@ -16,6 +16,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.ray_internals.cluster import exited_ray_process
 from orchestrator.service.place import Reader, code_stamp, send, socket_path
 
 log = logging.getLogger("orchestrator")
@@ -105,7 +106,7 @@ class Service:
                 send(conn, {"declined": "the service is running another command"})
                 conn.close()
                 continue
-            gone = ray_exited()
+            gone = exited_ray_process()
             if gone:  # a Ray whose core process died takes the next command down with it
                 send(conn, {"declined": f"the service's Ray stopped (its {gone} exited), so "
                                         "the service stops too"})
@@ -120,7 +121,7 @@ class Service:
 
         ready = idle_processes() if self.held and self.held.session else []
         return {"pid": os.getpid(), "busy": self.busy.is_set(), "job": job_id(),
-                "ray": bool(self.held and self.held.session) and not ray_exited(),
+                "ray": bool(self.held and self.held.session) and not exited_ray_process(),
                 "ready_processes": len(ready),
                 "preparing": bool(self.preparing and self.preparing.is_alive()),
                 "keep_alive_s": self.keep_alive_s}
@@ -287,14 +288,6 @@ def ray_up() -> bool:
     import ray
 
     return ray.is_initialized()
-
-
-def ray_exited() -> str | None:
-    import ray
-
-    from orchestrator.ray_internals.cluster import exited_ray_process
-
-    return exited_ray_process() if ray.is_initialized() else None
 
 
 def run_command(request: dict) -> int:

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
             run_dir = work / f"{name}-{i}"
             timed, peaks = run_watched(
                 orchestrator_cmd(run_dir, f"trainer.epochs={epochs}", *overrides),
-                work / f"{name}-{i}.log", env=env, **({"cwd": Path(tree)} if tree else {}))
+                work / f"{name}-{i}.log", env=env, cwd=Path(tree) if tree else REPO)
             rec = read_json(run_dir / "run.json")
             return {"to_exit_s": timed.wall_s,
                     "to_first_step_s": round(first_step_at(rec) - timed.started_at, 3),
