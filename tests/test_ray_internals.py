@@ -614,3 +614,74 @@ def test_workers_placed_whose_processes_die_at_their_start_are_told_from_no_room
         ray.kill(crashing)
     finally:
         ray.shutdown()
+
+
+def test_an_actors_runtime_environment_is_laid_over_its_creators_as_ray_core_does():
+    from orchestrator.ray_internals.group_prestart import inherited
+
+    job = '{"env_vars": {"A": "1", "B": "job"}, "py_executable": "x"}'
+    assert inherited(job, {}) == job  # no options of its own: the creator's string as it is
+    assert inherited(job, {"env_vars": {"B": "é", "C": "3"}, "py_executable": "y"}) == \
+        '{"env_vars":{"A":"1","B":"é","C":"3"},"py_executable":"y"}'
+    assert inherited("", {"env_vars": {"A": "1"}}) == '{"env_vars":{"A":"1"}}'
+
+
+STARTED_AHEAD_CHECK = """
+import json, os, sys, time
+from pathlib import Path
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+from orchestrator.ray_internals import group_prestart
+from orchestrator.ray_internals.ready_processes import idle_processes
+from orchestrator.ray_internals.train_hooks import (
+    with_workers_started_ahead, without_autoscaling_requests, without_unneeded_actors)
+from orchestrator.worker.warm import worker_runtime_env
+
+ray.init(address=sys.argv[1], logging_level="ERROR", runtime_env={"env_vars": {"JOB_VAR": "1"}})
+out = Path(sys.argv[2])
+asked = []
+
+def at_once(runtime_env, count, slots):
+    # The hook's environment and call, made before the controller starts and awaited: the
+    # group's workers then find the processes idle, whenever the raylet started them.
+    assert group_prestart.prestart(runtime_env, count, 60) is None
+    while len(idle_processes()) < count:
+        time.sleep(0.05)
+    asked.extend(idle_processes())
+
+group_prestart.prestart_beside_controller = at_once
+
+def train(config):
+    import ray.train
+    (out / str(ray.train.get_context().get_world_rank())).write_text(str(os.getpid()))
+
+trainer = DataParallelTrainer(
+    train, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.1}),
+    run_config=RunConfig(storage_path=str(out / "ray_train"),
+                         worker_runtime_env=worker_runtime_env({"WORKER_VAR": "2"}, (), 0.1)))
+without_unneeded_actors(trainer, keep_cleaner=False)  # as a command's run
+without_autoscaling_requests(trainer)
+with_workers_started_ahead(trainer)
+trainer.fit()
+print(json.dumps({"asked": sorted(asked),
+                  "workers": sorted(int((out / str(rank)).read_text()) for rank in range(2))}))
+"""
+
+
+def test_a_runs_workers_start_in_processes_asked_for_with_the_environment_the_hook_rebuilds(
+        ray_head, tmp_path):
+    """The runtime environment the hook rebuilds for the workers, as fit() is about to start
+    the controller (group_prestart.worker_runtime_env), is the one Ray gives them, to the byte:
+    both of a real run's workers start in the processes asked for with it."""
+    import subprocess
+    import sys
+
+    from scripts.local_cluster import node_env
+
+    done = subprocess.run([sys.executable, "-c", STARTED_AHEAD_CHECK, ray_head.address,
+                           str(tmp_path)], capture_output=True, text=True, env=node_env(),
+                          timeout=300, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(seen["asked"]) == 2 and seen["workers"] == seen["asked"], seen

@@ -6,11 +6,16 @@
 - knobs.py: the names of Ray's environment variables the orchestrator sets, and the system
   config of a cluster a command starts itself;
 - train_hooks.py: Ray Train's private trainer hooks (its default callbacks, its SIGINT
-  handler) and the controller's settings made of knobs.py's environment variables;
+  handler, its controller's start) and the controller's settings made of knobs.py's environment variables;
 - pg_cleaner.py: a sweep trial's placement groups, registered in Ray's internal key-value
   store for the sweep's driver to remove once their controller is dead (instead of Ray Train's
   cleaner, a process per trial);
 - prestart.py: the raylet's PrestartWorkers call, for the processes kept ready for a restart;
+- group_prestart.py: a run's first workers' processes asked for once its controller's process
+  is up, with the runtime environment Ray core will give them (its inheritance rule, rebuilt);
+- ready_processes.py: a service's processes kept ready for its next command (Ray's private
+  actor table, the idle processes of a job);
+- process_starts.py: Ray's own process starts, closed to a thread whose Ray a command abandoned;
 - preemption_watch.py: Ray Train's preemption watcher, run as a thread of its controller
   instead of an actor process per worker group;
 - scaling.py: Ray Train's fixed-size scaling policy without autoscaler requests (an embedded

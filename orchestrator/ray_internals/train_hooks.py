@@ -5,6 +5,7 @@ every one against the installed Ray, so an upgrade that renames one fails there,
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 
@@ -16,6 +17,8 @@ from orchestrator.ray_internals.knobs import (
     PREEMPTION_WATCHER,
     WORKER_HEALTH_CHECK_TIMEOUT,
 )
+
+log = logging.getLogger(__name__)
 
 # How often Ray Train's controller polls the workers (its default: 2 s). The poll is how it
 # learns that training finished or a worker died: half the interval, on average, comes off the
@@ -157,6 +160,37 @@ def without_autoscaling_requests(ray_trainer) -> None:
         policy = kwargs.get("scaling_policy")
         if type(policy) is FixedScalingPolicy:
             kwargs["scaling_policy"] = FixedWithoutRequests(policy.scaling_config)
+        return start(**kwargs)
+
+    ray_trainer._initialize_and_run_controller = initialize_and_run_controller
+
+
+def with_workers_started_ahead(ray_trainer) -> None:
+    """The first worker group's processes start as soon as the controller's has, beside its
+    set-up (ray_internals/group_prestart.py): for a fixed-size run on an embedded cluster (one
+    node, a job that ends with the run). A private hook, and Ray's runtime environments
+    rebuilt: if a Ray upgrade changes either, the processes go unused and the run starts its
+    own."""
+    start = getattr(ray_trainer, "_initialize_and_run_controller", None)
+    workers = getattr(getattr(ray_trainer, "scaling_config", None), "num_workers", None)
+    if start is None or not isinstance(workers, int):
+        return
+
+    def initialize_and_run_controller(**kwargs):
+        # The environment as fit() leaves it right before it starts the controller (its
+        # callbacks set variables the controller inherits).
+        try:
+            from orchestrator.ray_internals.group_prestart import (
+                prestart_beside_controller,
+                worker_runtime_env,
+            )
+
+            env = worker_runtime_env(ray.get_runtime_context().get_runtime_env_string(),
+                                     ray_trainer.run_config.worker_runtime_env or {})
+            slots = max(1, int(ray.cluster_resources().get("CPU", 1)))  # the raylet's default
+            prestart_beside_controller(env, workers, slots)
+        except Exception as exc:  # noqa: BLE001  (a speed-up only)
+            log.debug("workers not started ahead: %s", exc)
         return start(**kwargs)
 
     ray_trainer._initialize_and_run_controller = initialize_and_run_controller
