@@ -176,19 +176,26 @@ def with_workers_started_ahead(ray_trainer) -> None:
     if start is None or not isinstance(workers, int):
         return
 
+    def ask_ahead() -> None:
+        from orchestrator.ray_internals.group_prestart import (
+            prestart_beside_controller,
+            worker_runtime_env,
+        )
+
+        cluster = ray.cluster_resources()
+        if any(need > cluster.get(name, 0) + 1e-9
+               for name, need in ray_trainer.scaling_config.total_resources.items()):
+            return  # a group that cannot be placed takes no process
+        env = worker_runtime_env(ray.get_runtime_context().get_runtime_env_string(),
+                                 ray_trainer.run_config.worker_runtime_env or {})
+        slots = max(1, int(cluster.get("CPU", 1)))  # the raylet's startup concurrency
+        prestart_beside_controller(env, workers, slots)
+
     def initialize_and_run_controller(**kwargs):
         # The environment as fit() leaves it right before it starts the controller (its
         # callbacks set variables the controller inherits).
         try:
-            from orchestrator.ray_internals.group_prestart import (
-                prestart_beside_controller,
-                worker_runtime_env,
-            )
-
-            env = worker_runtime_env(ray.get_runtime_context().get_runtime_env_string(),
-                                     ray_trainer.run_config.worker_runtime_env or {})
-            slots = max(1, int(ray.cluster_resources().get("CPU", 1)))  # the raylet's default
-            prestart_beside_controller(env, workers, slots)
+            ask_ahead()
         except Exception as exc:  # noqa: BLE001  (a speed-up only)
             log.debug("workers not started ahead: %s", exc)
         return start(**kwargs)
