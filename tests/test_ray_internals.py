@@ -640,12 +640,16 @@ from orchestrator.worker.warm import worker_runtime_env
 
 ray.init(address=sys.argv[1], logging_level="ERROR", runtime_env={"env_vars": {"JOB_VAR": "1"}})
 out = Path(sys.argv[2])
-asked = []
+asked, envs = [], []
 
-def at_once(runtime_env, count, slots):
-    # The hook's environment and call, made before the controller starts and awaited: the
-    # group's workers then find the processes idle, whenever the raylet started them.
-    assert group_prestart.prestart(runtime_env, count, 60) is None
+def at_once(asks, slots):
+    # The hook's call, made before the controller starts and awaited: the group's workers
+    # then find their processes idle, whenever the raylet started them. (The controller would
+    # take the one asked for the synchronization actor, whose environment is its own: that
+    # one is compared with Ray's below.)
+    (workers, count), (controller, _) = asks
+    envs.extend([workers, controller])
+    assert group_prestart.prestart(workers, count, 60) is None
     while len(idle_processes()) < count:
         time.sleep(0.05)
     asked.extend(idle_processes())
@@ -664,16 +668,20 @@ without_unneeded_actors(trainer, keep_cleaner=False)  # as a command's run
 without_autoscaling_requests(trainer)
 with_workers_started_ahead(trainer)
 trainer.fit()
+from orchestrator.ray_internals.ready_processes import actors_started_since
+actual = {a["class"]: a["runtime_env"] for a in actors_started_since(0)}
 print(json.dumps({"asked": sorted(asked),
-                  "workers": sorted(int((out / str(rank)).read_text()) for rank in range(2))}))
+                  "workers": sorted(int((out / str(rank)).read_text()) for rank in range(2)),
+                  "envs": envs, "actual": [actual["RayTrainWorker"], actual["SynchronizationActor"]]}))
 """
 
 
-def test_a_runs_workers_start_in_processes_asked_for_with_the_environment_the_hook_rebuilds(
+def test_a_runs_group_starts_in_processes_asked_for_with_the_environments_the_hook_rebuilds(
         ray_head, tmp_path):
-    """The runtime environment the hook rebuilds for the workers, as fit() is about to start
-    the controller (group_prestart.worker_runtime_env), is the one Ray gives them, to the byte:
-    both of a real run's workers start in the processes asked for with it."""
+    """The runtime environments the hook rebuilds, as fit() is about to start the controller
+    (group_prestart.group_runtime_envs), are the ones Ray gives the group's actors, to the
+    byte: both of a real run's workers start in the processes asked for with theirs, and the
+    synchronization actor's is Ray's."""
     import subprocess
     import sys
 
@@ -685,3 +693,4 @@ def test_a_runs_workers_start_in_processes_asked_for_with_the_environment_the_ho
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(seen["asked"]) == 2 and seen["workers"] == seen["asked"], seen
+    assert seen["envs"] == seen["actual"]  # the synchronization actor's too

@@ -1,18 +1,19 @@
-"""A run's first worker processes started beside Ray Train's controller, not after it.
+"""A run's first worker group's processes started beside Ray Train's controller, not after it.
 
 fit() starts Ray Train's controller (a process importing Ray and Ray Train: ~1.5 s on 2 cores),
-which then asks for its worker group: one actor per worker, each a new process whose setup hook
-imports the framework (~3 s of wall time here, orchestrator/worker/warm.py). Once the
-controller's process is up (the raylet starts at most its node's CPU count of processes at a
-time and drops a prestart asked beyond that), the driver asks this node's raylet for the
-workers' processes itself (prestart.py), with the runtime environment Ray will give the
-workers; the group's actors then start in them, and their imports overlap the controller's.
+which then asks for its worker group: a synchronization actor and one actor per worker, each a
+new process (the workers' setup hook imports the framework: ~3 s of wall time here,
+orchestrator/worker/warm.py). As soon as the controller's process has started, the driver asks
+this node's raylet for those processes itself (prestart.py), with the runtime environments Ray
+will give them, as the raylet's startup slots allow (it starts at most its node's CPU count of
+processes at a time and drops a prestart asked beyond that); the group's actors then start in
+them, and their imports overlap the controller's.
 
-The runtime environment must be Ray's to the byte (the raylet matches a process to an actor by
-its serialized string): a worker's is its actor options' environment laid over the
-controller's, and the controller's over the job's, by Ray core's rule (``inherited``).
-tests/test_ray_internals.py checks, with the installed Ray, that a run's workers start in the
-processes asked for here. Where it does not match, the processes stay idle until
+The runtime environments must be Ray's to the byte (the raylet matches a process to an actor
+by its serialized string): a worker's is its actor options' environment laid over the
+controller's, the controller's its own over the job's, by Ray core's rule (``inherited``), and
+the synchronization actor's the controller's as it is. tests/test_ray_internals.py checks them
+against a real run's. Where one does not match, its process stays idle until
 ``KEEP_ALIVE_S`` and the run starts its own: a cost, not a failure.
 """
 
@@ -50,9 +51,10 @@ def inherited(parent: str, child: dict) -> str:
     return json.dumps(merged, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def worker_runtime_env(job_env: str, worker_options_env: dict) -> str:
-    """What Ray Train 2.60 gives its training workers: its controller's variables
-    (DataParallelTrainer._initialize_and_run_controller) over the job's, then the workers' own
+def group_runtime_envs(job_env: str, worker_options_env: dict) -> tuple[str, str]:
+    """What Ray Train 2.60 gives its controller, and so its synchronization actor (created
+    with no environment of its own): its variables (DataParallelTrainer.
+    _initialize_and_run_controller) over the job's; and its training workers: their own
     (WorkerGroup._get_worker_runtime_env) over the controller's."""
     from ray.train.v2._internal.constants import get_env_vars_to_propagate
     from ray.train.v2._internal.execution.worker_group.worker_group import WorkerGroup
@@ -64,7 +66,8 @@ def worker_runtime_env(job_env: str, worker_options_env: dict) -> str:
     controller = inherited(job_env, {"env_vars": controller_vars})
     # The controller's process has its variables in its environment when it computes the
     # workers' (their propagated values are the same).
-    return inherited(controller, dict(WorkerGroup._get_worker_runtime_env(worker_options_env)))
+    return controller, inherited(controller,
+                                 dict(WorkerGroup._get_worker_runtime_env(worker_options_env)))
 
 
 def _processes() -> list[tuple[int, bytes, list[bytes]]]:
@@ -91,11 +94,12 @@ def starting() -> int:
     return sum(1 for _, line, _ in _processes() if STARTING_MARK in line)
 
 
-def prestart_beside_controller(runtime_env: str, count: int, slots: int) -> threading.Thread:
+def prestart_beside_controller(asks: list[tuple[str, int]], slots: int) -> threading.Thread:
     """In a thread: once the controller's process has started (the first of this job's
-    processes started after this call), ask for ``count`` processes of ``runtime_env`` on this
-    node, each once fewer than ``slots`` processes are starting: the raylet starts no more at
-    a time (its startup concurrency, its CPU count by default) and drops a prestart beyond."""
+    processes started after this call), ask for each of ``asks``' count of processes of its
+    runtime environment on this node, in order, each once fewer than ``slots`` processes are
+    starting: the raylet starts no more at a time (its startup concurrency, its CPU count by
+    default) and drops a prestart beyond."""
     import ray
 
     job_hex = ray._private.worker.global_worker.current_job_id.hex().encode()
@@ -107,18 +111,19 @@ def prestart_beside_controller(runtime_env: str, count: int, slots: int) -> thre
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.02)
-        left = count
-        while left and time.monotonic() < deadline:
+        queue = [env for env, count in asks for _ in range(count)]
+        while queue and time.monotonic() < deadline:
             free = slots - starting()
             if free <= 0:
                 time.sleep(0.02)
                 continue
-            asked = min(free, left)
-            problem = prestart(runtime_env, asked, KEEP_ALIVE_S)
-            if problem:
-                log.debug("no worker process started ahead: %s", problem)
-                return
-            left -= asked
+            batch = queue[:free]
+            for env in dict.fromkeys(batch):
+                problem = prestart(env, batch.count(env), KEEP_ALIVE_S)
+                if problem:
+                    log.debug("no process started ahead: %s", problem)
+                    return
+            del queue[:len(batch)]
             time.sleep(APPEAR_S)  # the raylet counts them as starting before they show
 
     thread = threading.Thread(target=run, name="prestart-workers", daemon=True)

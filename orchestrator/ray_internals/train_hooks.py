@@ -178,18 +178,20 @@ def with_workers_started_ahead(ray_trainer) -> None:
 
     def ask_ahead() -> None:
         from orchestrator.ray_internals.group_prestart import (
+            group_runtime_envs,
             prestart_beside_controller,
-            worker_runtime_env,
         )
 
         cluster = ray.cluster_resources()
         if any(need > cluster.get(name, 0) + 1e-9
                for name, need in ray_trainer.scaling_config.total_resources.items()):
             return  # a group that cannot be placed takes no process
-        env = worker_runtime_env(ray.get_runtime_context().get_runtime_env_string(),
-                                 ray_trainer.run_config.worker_runtime_env or {})
+        controller, worker = group_runtime_envs(
+            ray.get_runtime_context().get_runtime_env_string(),
+            ray_trainer.run_config.worker_runtime_env or {})
         slots = max(1, int(cluster.get("CPU", 1)))  # the raylet's startup concurrency
-        prestart_beside_controller(env, workers, slots)
+        # The workers first (each imports its framework), then the synchronization actor.
+        prestart_beside_controller([(worker, workers), (controller, 1)], slots)
 
     def initialize_and_run_controller(**kwargs):
         # The environment as fit() leaves it right before it starts the controller (its
