@@ -6,13 +6,15 @@
 - knobs.py: the names of Ray's environment variables the orchestrator sets, and the system
   config of a cluster a command starts itself;
 - train_hooks.py: Ray Train's private trainer hooks (its default callbacks, its SIGINT
-  handler, its controller's start) and the controller's settings made of knobs.py's environment variables;
+  handler, its controller's start) and the controller's settings made of knobs.py's
+  environment variables;
 - pg_cleaner.py: a sweep trial's placement groups, registered in Ray's internal key-value
   store for the sweep's driver to remove once their controller is dead (instead of Ray Train's
   cleaner, a process per trial);
 - prestart.py: the raylet's PrestartWorkers call, for the processes kept ready for a restart;
-- group_prestart.py: a run's first workers' processes asked for once its controller's process
-  is up, with the runtime environment Ray core will give them (its inheritance rule, rebuilt);
+- group_prestart.py: a run's first worker group's processes asked for as soon as its
+  controller's has started, with the runtime environments Ray core will give them (its
+  inheritance rule, rebuilt);
 - ready_processes.py: a service's processes kept ready for its next command (Ray's private
   actor table, the idle processes of a job);
 - process_starts.py: Ray's own process starts, closed to a thread whose Ray a command abandoned;
