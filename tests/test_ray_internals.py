@@ -633,7 +633,7 @@ import ray
 from ray.train import RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from orchestrator.ray_internals import group_prestart
-from orchestrator.ray_internals.ready_processes import idle_processes
+from orchestrator.ray_internals.ready_processes import actors_started_since, idle_processes
 from orchestrator.ray_internals.train_hooks import (
     with_workers_started_ahead, without_autoscaling_requests, without_unneeded_actors)
 from orchestrator.worker.warm import worker_runtime_env
@@ -668,7 +668,6 @@ without_unneeded_actors(trainer, keep_cleaner=False)  # as a command's run
 without_autoscaling_requests(trainer)
 with_workers_started_ahead(trainer)
 trainer.fit()
-from orchestrator.ray_internals.ready_processes import actors_started_since
 actual = {a["class"]: a["runtime_env"] for a in actors_started_since(0)}
 print(json.dumps({"asked": sorted(asked),
                   "workers": sorted(int((out / str(rank)).read_text()) for rank in range(2)),
