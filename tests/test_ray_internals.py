@@ -471,18 +471,25 @@ def test_a_thread_closed_to_rays_process_starts_starts_none_and_others_still_do(
     assert "start_raylet(" in inspect.getsource(ray_node.Node.start_raylet)
     seen = {}
 
-    def closed_thread() -> None:
+    def start(key: str) -> None:
         try:
             services.start_ray_process(["true"], "test", fate_share=False)
-            seen["started"] = True
+            seen[key] = "started"
         except process_starts.StartsClosed:
-            seen["refused"] = True
+            seen[key] = "refused"
+
+    def closed_thread() -> None:
+        start("closed")
+        # a thread it starts on its behalf (the dashboard's start) is closed with it
+        helper = process_starts.thread_for(lambda: start("its helper"), "helper")
+        helper.start()
+        helper.join()
 
     thread = threading.Thread(target=closed_thread)
     process_starts.close_starts(thread)
     thread.start()
     thread.join()
-    assert seen == {"refused": True}
+    assert seen == {"closed": "refused", "its helper": "refused"}
     started = services.start_ray_process(["true"], "test", fate_share=False)
     assert started.process.wait(timeout=30) == 0
 
@@ -693,3 +700,64 @@ def test_a_runs_group_starts_in_processes_asked_for_with_the_environments_the_ho
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(seen["asked"]) == 2 and seen["workers"] == seen["asked"], seen
     assert seen["envs"] == seen["actual"]  # the synchronization actor's too
+
+
+DASHBOARD_BESIDE_RAYLET_CHECK = r"""
+import json, re, sys, time, urllib.error, urllib.request
+import ray
+from ray._private import node as ray_node, ray_constants
+from orchestrator.ray_internals import dashboard_start
+
+seen = {}
+start_raylet = ray_node.Node.start_raylet
+
+def watched(self, *args, **kwargs):
+    published = self.get_gcs_client().internal_kv_get(
+        ray_constants.DASHBOARD_ADDRESS.encode(), ray_constants.KV_NAMESPACE_DASHBOARD)
+    seen["published_at_raylet_start"] = published and published.decode()
+    return start_raylet(self, *args, **kwargs)
+
+ray_node.Node.start_raylet = watched
+port = int(sys.argv[1])
+with dashboard_start.beside_raylet():
+    context = ray.init(address="local", num_cpus=1, include_dashboard=True,
+                       dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False)
+node = ray._private.worker._global_node
+dashboard = node.all_processes[ray_constants.PROCESS_TYPE_DASHBOARD][0].process
+raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
+seen["url"] = context.dashboard_url
+# what the raylet hands the workers it starts (inside its worker command)
+seen["raylet_webui"] = re.findall(r"--webui=(\S+)", open(f"/proc/{raylet.pid}/cmdline").read())
+deadline = time.monotonic() + 60
+while "http" not in seen and time.monotonic() < deadline:
+    try:
+        seen["http"] = urllib.request.urlopen(f"http://{context.dashboard_url}/api/version",
+                                              timeout=10).status
+    except urllib.error.HTTPError as exc:  # 401 without the token: it answers
+        seen["http"] = exc.code
+    except OSError:
+        time.sleep(0.1)
+ray.shutdown()
+seen["dashboard_ended_with_ray"] = dashboard.poll() is not None
+print(json.dumps(seen))
+"""
+
+
+def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_address(tmp_path):
+    """dashboard_start.py: the raylet starts while the dashboard is still starting, with the
+    address the dashboard then publishes (the one ray.init returns, handed to its workers);
+    the dashboard outlives the thread that started it, answers there, and ends with Ray."""
+    import subprocess
+    import sys
+
+    from scripts.local_cluster import free_port, node_env
+
+    port = free_port()
+    done = subprocess.run([sys.executable, "-c", DASHBOARD_BESIDE_RAYLET_CHECK, str(port)],
+                          capture_output=True, text=True, env=node_env(), timeout=300,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["published_at_raylet_start"] is None, seen
+    assert seen["url"] == f"127.0.0.1:{port}" and seen["raylet_webui"] == [f"127.0.0.1:{port}"]
+    assert seen["http"] in (200, 401) and seen["dashboard_ended_with_ray"], seen

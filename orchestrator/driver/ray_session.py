@@ -23,6 +23,7 @@ from orchestrator.ray_internals.cluster import (
     token_location,
     use_token_auth_if_available,
 )
+from orchestrator.ray_internals.dashboard_start import beside_raylet
 from orchestrator.ray_internals.knobs import EMBEDDED_SYSTEM_CONFIG
 from orchestrator.ray_internals.process_starts import close_starts
 
@@ -186,15 +187,16 @@ class RaySession:
             quiet["runtime_env"]["env_vars"] = {**self.env_vars, "RAY_ADDRESS": address}
             context = self.start(address=address, **quiet)
         else:
-            context = self.start(
-                address="local",  # a new instance, even if a stale `ray start` left its address
-                num_cpus=c.num_cpus or os.cpu_count(),
-                include_dashboard=c.dashboard,
-                dashboard_host="127.0.0.1",  # never beyond this machine by default
-                dashboard_port=dashboard_port(c.dashboard_port) if c.dashboard else None,
-                _system_config=EMBEDDED_SYSTEM_CONFIG,
-                **quiet,
-            )
+            with beside_raylet():  # the dashboard's port is chosen here: the raylet need not wait
+                context = self.start(
+                    address="local",  # a new instance, even if a stale `ray start` left its address
+                    num_cpus=c.num_cpus or os.cpu_count(),
+                    include_dashboard=c.dashboard,
+                    dashboard_host="127.0.0.1",  # never beyond this machine by default
+                    dashboard_port=dashboard_port(c.dashboard_port) if c.dashboard else None,
+                    _system_config=EMBEDDED_SYSTEM_CONFIG,
+                    **quiet,
+                )
         url = getattr(context, "dashboard_url", None)
         if url:
             self.dashboard_url = url if "://" in url else f"http://{url}"

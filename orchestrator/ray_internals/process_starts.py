@@ -8,7 +8,8 @@ outlived the command (a clean clone's run found it). Every process `ray.init` st
 through ``ray._private.services.start_ray_process`` (the GCS, the raylet, the dashboard, the
 monitors); closing a thread to it, under the lock every start holds, means that once
 ``close_starts`` returns, each process that thread ever starts is already running, so the
-caller's kill of the process tree finds them all.
+caller's kill of the process tree finds them all. A thread a closed one started on its behalf
+(``thread_for``: the dashboard's start, dashboard_start.py) is closed with it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ray._private import services
 
 _lock = threading.Lock()
 _closed: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_owners: weakref.WeakKeyDictionary[threading.Thread, threading.Thread] = weakref.WeakKeyDictionary()
 _ray_start_process = services.start_ray_process
 
 
@@ -29,7 +31,8 @@ class StartsClosed(RuntimeError):
 
 def _start_ray_process(*args, **kwargs):
     with _lock:
-        if threading.current_thread() in _closed:
+        here = threading.current_thread()
+        if here in _closed or _owners.get(here) in _closed:
             raise StartsClosed("the command abandoned the Ray this thread was starting")
         return _ray_start_process(*args, **kwargs)
 
@@ -38,6 +41,15 @@ def close_starts(thread: threading.Thread) -> None:
     """No process of Ray's starts from ``thread`` any more; one it was starting has started."""
     with _lock:
         _closed.add(thread)
+
+
+def thread_for(target, name: str) -> threading.Thread:
+    """A daemon thread (not started) whose process starts are closed with this thread's."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    with _lock:
+        here = threading.current_thread()
+        _owners[thread] = _owners.get(here, here)
+    return thread
 
 
 def installed() -> bool:
