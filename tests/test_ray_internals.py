@@ -706,7 +706,7 @@ DASHBOARD_BESIDE_RAYLET_CHECK = r"""
 import json, re, sys, time, urllib.error, urllib.request
 import ray
 from ray._private import node as ray_node, ray_constants
-from orchestrator.ray_internals import dashboard_start
+from orchestrator.ray_internals import head_start
 
 seen = {}
 start_raylet = ray_node.Node.start_raylet
@@ -719,12 +719,13 @@ def watched(self, *args, **kwargs):
 
 ray_node.Node.start_raylet = watched
 port = int(sys.argv[1])
-with dashboard_start.beside_raylet():
+with head_start.embedded_head(log_monitor=False):
     context = ray.init(address="local", num_cpus=1, include_dashboard=True,
                        dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False)
 node = ray._private.worker._global_node
 dashboard = node.all_processes[ray_constants.PROCESS_TYPE_DASHBOARD][0].process
 raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
+seen["started"] = sorted(node.all_processes)
 seen["url"] = context.dashboard_url
 # what the raylet hands the workers it starts (inside its worker command)
 seen["raylet_webui"] = re.findall(r"--webui=(\S+)", open(f"/proc/{raylet.pid}/cmdline").read())
@@ -744,9 +745,10 @@ print(json.dumps(seen))
 
 
 def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_address(tmp_path):
-    """dashboard_start.py: the raylet starts while the dashboard is still starting, with the
+    """head_start.py: the raylet starts while the dashboard is still starting, with the
     address the dashboard then publishes (the one ray.init returns, handed to its workers);
-    the dashboard outlives the thread that started it, answers there, and ends with Ray."""
+    the dashboard outlives the thread that started it, answers there, and ends with Ray. No
+    log monitor was asked for, and none started."""
     import subprocess
     import sys
 
@@ -761,3 +763,4 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
     assert seen["published_at_raylet_start"] is None, seen
     assert seen["url"] == f"127.0.0.1:{port}" and seen["raylet_webui"] == [f"127.0.0.1:{port}"]
     assert seen["http"] in (200, 401) and seen["dashboard_ended_with_ray"], seen
+    assert "log_monitor" not in seen["started"] and "raylet" in seen["started"], seen

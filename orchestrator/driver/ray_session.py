@@ -23,7 +23,7 @@ from orchestrator.ray_internals.cluster import (
     token_location,
     use_token_auth_if_available,
 )
-from orchestrator.ray_internals.dashboard_start import beside_raylet
+from orchestrator.ray_internals.head_start import embedded_head
 from orchestrator.ray_internals.knobs import EMBEDDED_SYSTEM_CONFIG
 from orchestrator.ray_internals.process_starts import close_starts
 
@@ -187,7 +187,9 @@ class RaySession:
             quiet["runtime_env"]["env_vars"] = {**self.env_vars, "RAY_ADDRESS": address}
             context = self.start(address=address, **quiet)
         else:
-            with beside_raylet():  # the dashboard's port is chosen here: the raylet need not wait
+            # The workers' output is streamed only where it is shown (a service serves only
+            # commands of its own log.ray_verbose).
+            with embedded_head(log_monitor=self.verbose):
                 context = self.start(
                     address="local",  # a new instance, even if a stale `ray start` left its address
                     num_cpus=c.num_cpus or os.cpu_count(),

@@ -18,8 +18,9 @@
 - ready_processes.py: a service's processes kept ready for its next command (Ray's private
   actor table, the idle processes of a job);
 - process_starts.py: Ray's own process starts, closed to a thread whose Ray a command abandoned;
-- dashboard_start.py: an embedded head's dashboard started beside its raylet (Ray's node starts
-  them in turn), with the address the command chose for it;
+- head_start.py: an embedded head's dashboard started beside its raylet (Ray's node starts
+  them in turn), with the address the command chose for it; its log monitor left out where
+  nothing reads it;
 - preemption_watch.py: Ray Train's preemption watcher, run as a thread of its controller
   instead of an actor process per worker group;
 - scaling.py: Ray Train's fixed-size scaling policy without autoscaler requests (an embedded

@@ -9,7 +9,7 @@ through ``ray._private.services.start_ray_process`` (the GCS, the raylet, the da
 monitors); closing a thread to it, under the lock every start holds, means that once
 ``close_starts`` returns, each process that thread ever starts is already running, so the
 caller's kill of the process tree finds them all. A thread a closed one started on its behalf
-(``thread_for``: the dashboard's start, dashboard_start.py) is closed with it.
+(``thread_for``: the dashboard's start, head_start.py) is closed with it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
-"""An embedded head's dashboard starts beside its raylet instead of before it.
+"""How ray.init starts a head the command starts itself (an embedded cluster): its dashboard
+beside its raylet instead of before it, and no log monitor where nothing reads what it sends.
 
 ray.init starts a head's processes in turn: the GCS, the autoscaler monitor, the dashboard,
-then the raylet, and it waits for the dashboard to publish its address before it starts the
-raylet (~1.8 s of imports and module processes on 2 cores), then for the raylet to register
-(~1 s: it waits for its dashboard agent). The raylet needs nothing of the dashboard but that
-address, which it hands to the workers it starts; where the command chose the dashboard's host
-and port, the address is known before the dashboard starts. So the dashboard starts in a
-thread, the raylet starts at once with that address, and ray.init still returns only once
-the dashboard has published it (or raises as Ray would where it did not): ~0.45 s off every
-embedded ray.init on an idle machine.
-
+then the log monitor and the raylet, and it waits for the dashboard to publish its address
+before it starts the raylet (~1.8 s of imports and module processes on 2 cores), then for the
+raylet to register (~1 s: it waits for its dashboard agent). The raylet needs nothing of the
+dashboard but that address, which it hands to the workers it starts; where the command chose
+the dashboard's host and port, the address is known before the dashboard starts. So the
+dashboard starts in a thread, the raylet starts at once with that address, and ray.init still
+returns only once the dashboard has published it (or raises as Ray would where it did not).
 Ray asks the kernel to kill a process when the thread that started it ends
 (PR_SET_PDEATHSIG), so the thread that started the dashboard lives as long as its process.
-"""
 
+The log monitor sends the workers' output to drivers that ask for it (ray.init's
+log_to_driver); a command that does not (log.ray_verbose=false) need not start it
+(~0.45 CPU-s).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -67,8 +69,10 @@ def _start_api_server(self: ray_node.Node, *, include_dashboard, raise_on_failur
 
 
 @functools.wraps(_ray_node_init)
-def _node_init(self: ray_node.Node, *args, **kwargs):
-    _ray_node_init(self, *args, **kwargs)
+def _node_init(self: ray_node.Node, ray_params, *args, **kwargs):
+    if getattr(_enabled, "on", False) and not _enabled.log_monitor:
+        ray_params.include_log_monitor = False  # kept: Ray sets it only where it is None
+    _ray_node_init(self, ray_params, *args, **kwargs)
     start: _DashboardStart | None = getattr(self, "_orchestrator_dashboard_start", None)
     if start is None:
         return
@@ -79,9 +83,10 @@ def _node_init(self: ray_node.Node, *args, **kwargs):
 
 
 @contextlib.contextmanager
-def beside_raylet():
-    """For a ray.init in this thread that starts a head whose dashboard has a chosen port."""
-    _enabled.on = True
+def embedded_head(log_monitor: bool):
+    """For a ray.init in this thread that starts a head (a dashboard with a chosen port starts
+    beside the raylet); ``log_monitor``: whether the head starts one."""
+    _enabled.on, _enabled.log_monitor = True, log_monitor
     try:
         yield
     finally:
