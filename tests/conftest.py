@@ -191,10 +191,12 @@ def cpus_in_use(head: RayHead) -> float | None:
         return None
 
 
-def cpus_come_free(head: RayHead, wait_s: float = 60) -> bool:
+def cpus_come_free(head: RayHead, wait_s: float = 20) -> bool:
     """Whether what the tests before left on the head (a worker that outlived its run holds
     its CPUs) lets go of every CPU: the next test must not wait on it (seen: a run that asked
-    for both CPUs waited 300 s for one a killed MWMS job never gave back)."""
+    for both CPUs waited 300 s for one a killed MWMS job never gave back). The view refreshes
+    every ~5 s; past a few refreshes a new head (~8 s) is cheaper than waiting on (a clean
+    clone's run spent 68 s in one test's setup: 60 s of waiting, then the new head anyway)."""
     deadline = time.monotonic() + wait_s
     while (used := cpus_in_use(head)) and time.monotonic() < deadline:
         time.sleep(0.5)
