@@ -744,7 +744,7 @@ print(json.dumps(seen))
 """
 
 
-def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_address(tmp_path):
+def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_address():
     """head_start.py: the raylet starts while the dashboard is still starting, with the
     address the dashboard then publishes (the one ray.init returns, handed to its workers);
     the dashboard outlives the thread that started it, answers there, and ends with Ray. No
