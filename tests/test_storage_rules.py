@@ -3,6 +3,8 @@ checks behind "every node must see the checkpoints" (orchestrator/storage/probe.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from orchestrator.cli import CONF_DIR
@@ -14,6 +16,7 @@ from orchestrator.storage.probe import (
     PROBE_PREFIX,
     StorageMarker,
     StorageNotShared,
+    check_cluster_storage,
     check_worker_node,
     judge,
     leave_marker,
@@ -119,6 +122,16 @@ def test_a_store_that_refuses_the_marker_is_one_line_naming_storage_uri(tmp_path
     with pytest.raises(ConfigError, match=r"^storage.uri='/runs': cannot write there \(.+\)$"):
         leave_marker(StorageSpec(str(tmp_path / "ckpt" / "run")), shown_uri="/runs")
     assert (tmp_path / "ckpt").read_text().startswith("a file")  # nothing touched
+    # On an embedded Ray too (one machine, nothing to compare): before any worker, not at the
+    # first checkpoint (a user's storage.uri=/proc/x failed twice there, exit 1 after 24 s).
+    unwritable = SimpleNamespace(run_storage=StorageSpec(str(tmp_path / "ckpt" / "run")),
+                                 created_bucket=False)
+    with pytest.raises(ConfigError, match=r"^storage.uri='.*/ckpt': cannot write there \(.+\)$"):
+        check_cluster_storage(unwritable, joined=False)
+    writable = SimpleNamespace(run_storage=StorageSpec(str(tmp_path / "ok" / "run")),
+                               created_bucket=False)
+    assert check_cluster_storage(writable, joined=False) is None  # no worker checks its node
+    assert (tmp_path / "ok" / "run" / MARKER).exists()
 
 
 def test_a_worker_that_reaches_no_store_waits_out_an_outage_then_says_so(monkeypatch):

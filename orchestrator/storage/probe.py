@@ -237,19 +237,22 @@ def check_worker_node(marker: StorageMarker | None) -> None:
 
 def check_cluster_storage(plan: RunPlan, joined: bool) -> StorageMarker | None:
     """The driver's side, before any worker starts: on a joined cluster, check that every node
-    sees the run's storage, then leave the marker workers check (ConfigError when either
-    fails). A bucket the plan created for this run is removed again then."""
-    if not joined:
-        return None  # an embedded Ray is this machine alone
+    sees the run's storage; on any, leave the marker (the run's first write: a folder that
+    cannot be made or written, `storage.uri=/proc/x` say, is one line now, not a failure at the
+    first checkpoint). ConfigError when either fails; a bucket the plan created for this run is
+    removed again then. The marker, for workers to check their node, on a joined cluster (an
+    embedded Ray is this machine alone)."""
     # The messages name storage.uri: the run's folder is storage.uri/<run.name>.
     shown_uri = plan.run_storage.uri.rsplit("/", 1)[0]
     try:
-        check_shared_storage(plan.run_storage, shown_uri=shown_uri)
-        return leave_marker(plan.run_storage, shown_uri=shown_uri)
+        if joined:
+            check_shared_storage(plan.run_storage, shown_uri=shown_uri)
+        marker = leave_marker(plan.run_storage, shown_uri=shown_uri)
     except ConfigError:
         if plan.created_bucket:
             remove_created_bucket(plan.run_storage)
         raise
+    return marker if joined else None
 
 
 def remove_created_bucket(storage: StorageSpec) -> None:

@@ -52,7 +52,8 @@ def markdown(summary: dict) -> str:
         f"{len(summary['trials'])} trials, search `{summary['search']}`, "
         f"{summary['max_concurrent']} at a time, {summary['wall_s']:.0f} s wall. "
         f"Throughput is measured while trials ran side by side, each with "
-        f"{summary['cpu_budget']:.2g} CPUs (hydra.sweeper.max_concurrent=1 for solo figures).",
+        f"{summary['cpu_budget']:.2g} {'CPU' if summary['cpu_budget'] == 1 else 'CPUs'} "
+        "(hydra.sweeper.max_concurrent=1 for solo figures).",
         "",
         f"| trial | overrides | status | workers | samples/s | speedup | efficiency | wall s | {metric} |",
         "|---|---|---|---|---|---|---|---|---|",
