@@ -45,6 +45,10 @@ def test_a_bug_that_repeats_stops_the_run_without_burning_every_restart(ray_head
     assert rec["status"] == "failed" and rec["restarts"] == 1  # not 5
     assert "ValueError: bad batch at step 35" in rec["error"] and "Traceback" in rec["permanent_error"]
     assert [f["step"] for f in rec["failures"] if f["error"] == "ValueError"] == [35, 35]
+    # The permanent verdict ended fit() (ray_internals/failure_decisions.py): no worker group
+    # started after the one that failed for the second time (the record names its workers).
+    last = [f for f in rec["failures"] if f["error"] == "ValueError"][-1]
+    assert last["pid"] in {w["pid"] for w in rec["workers"]}, (last, rec["workers"])
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
     assert errors == [f"error: {rec['error']}"], result.stderr[-3000:]  # one line, as recorded
     assert errors[0].startswith("error: training failed permanently") and "\n" not in rec["error"]

@@ -374,6 +374,40 @@ def test_a_fixed_size_run_on_an_embedded_cluster_asks_no_autoscaler():
     swapped.before_controller_abort()
 
 
+def test_a_permanent_verdict_makes_ray_trains_retry_a_raise_and_nothing_else(monkeypatch):
+    """with_permanent_errors_raised: the policy fit() hands the controller is wrapped; Ray
+    Train's own decision stands (its counts too) unless it is RETRY and the run's recorder holds
+    a permanent verdict. Real classes of the installed Ray; the recorder's answer is given."""
+    from ray.train import FailureConfig
+    from ray.train.v2._internal.execution.failure_handling import (
+        FailureDecision,
+        create_failure_policy,
+    )
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    from orchestrator.ray_internals.failure_decisions import StopOnPermanentErrors
+    from orchestrator.ray_internals.train_hooks import with_permanent_errors_raised
+
+    assert "failure_policy=create_failure_policy(self.run_config.failure_config)" in \
+        inspect.getsource(DataParallelTrainer.fit)
+    trainer, given = real_trainer(), {}
+    trainer._initialize_and_run_controller = lambda **kwargs: given.update(kwargs)
+    with_permanent_errors_raised(trainer, recorder=None)
+    trainer._initialize_and_run_controller(
+        failure_policy=create_failure_policy(FailureConfig(max_failures=1)))
+    policy = given["failure_policy"]
+    assert isinstance(policy, StopOnPermanentErrors)
+    verdict = {"permanent": False}
+    monkeypatch.setattr(policy, "_verdict_is_permanent", lambda: verdict["permanent"])
+    error = WorkerGroupError("rank 0: ValueError", {0: ValueError("bad batch")})
+    assert policy.make_decision(error) == FailureDecision.RETRY  # 1 of max_failures=1
+    verdict["permanent"] = True
+    policy.inner._worker_group_failures = 0
+    assert policy.make_decision(error) == FailureDecision.RAISE
+    assert policy.make_decision(error) == FailureDecision.RAISE  # Ray Train's own: over the limit
+
+
 def test_the_torch_backend_leaves_torch_out_of_the_controller_and_calls_rays_own_functions():
     """What Ray Train's controller does with the config (unpickle it, make its backend, read
     its framework and settings) imports no torch, in a fresh process; the worker-side

@@ -36,6 +36,7 @@ from orchestrator.observe.progress import ProgressWatcher, make_display, metric_
 from orchestrator.ray_internals.train_hooks import (
     hooks_missing,
     interrupted_by_ctrl_c,
+    with_permanent_errors_raised,
     with_workers_started_ahead,
     without_autoscaling_requests,
     without_unneeded_actors,
@@ -173,6 +174,7 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
         without_autoscaling_requests(ray_trainer)
         if not session.outlives_run:  # one node, a job that ends with the run
             with_workers_started_ahead(ray_trainer)
+    with_permanent_errors_raised(ray_trainer, recorder)
     controller = interrupted_by_ctrl_c(ray_trainer)
     for problem in hooks_missing(ray_trainer):  # after a Ray upgrade (ray_internals/)
         log.warning("%s", problem)

@@ -157,7 +157,8 @@ class RunRecord:
         verdict = classify(list(alike.values()), error)
         self._errors.append((group, error))
         self.failures.append({"rank": error.rank, "step": error.step, "error": error.kind,
-                              "message": error.message, "decision": verdict.reason})
+                              "message": error.message, "decision": verdict.reason,
+                              "pid": error.pid})
         if verdict.permanent and self.permanent_error is None:  # the first one is the cause
             self.permanent_error = (f"worker rank {error.rank} at step {error.step}: "
                                     f"{error.kind}: {error.message}\n{error.traceback}")

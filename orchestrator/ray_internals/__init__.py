@@ -23,6 +23,8 @@
   nothing reads it;
 - preemption_watch.py: Ray Train's preemption watcher, run as a thread of its controller
   instead of an actor process per worker group;
+- failure_decisions.py: Ray Train's failure policy, made to stop at once on a worker error
+  the run judged permanent (instead of starting one more worker group first);
 - scaling.py: Ray Train's fixed-size scaling policy without autoscaler requests (an embedded
   cluster has no autoscaler);
 - torch_backend.py: Ray Train's torch backend, its worker-side functions called without torch

@@ -205,6 +205,25 @@ def with_workers_started_ahead(ray_trainer) -> None:
     ray_trainer._initialize_and_run_controller = initialize_and_run_controller
 
 
+def with_permanent_errors_raised(ray_trainer, recorder) -> None:
+    """A worker error the run's recorder judged permanent ends fit() at once, instead of
+    after a worker group started for nothing (ray_internals/failure_decisions.py). Without
+    the hook those workers still return at once: the run ends the same, later."""
+    start = getattr(ray_trainer, "_initialize_and_run_controller", None)
+    if start is None:
+        return
+
+    def initialize_and_run_controller(**kwargs):
+        from orchestrator.ray_internals.failure_decisions import StopOnPermanentErrors
+
+        policy = kwargs.get("failure_policy")
+        if policy is not None:
+            kwargs["failure_policy"] = StopOnPermanentErrors(policy, recorder)
+        return start(**kwargs)
+
+    ray_trainer._initialize_and_run_controller = initialize_and_run_controller
+
+
 def hooks_missing(ray_trainer) -> list[str]:
     """What a Ray upgrade took away from the hooks above, one line each (the run goes on
     without what the hook gave): said once by the driver, and kept in run.json's warnings."""
@@ -229,5 +248,6 @@ def hooks_missing(ray_trainer) -> list[str]:
                        "its PreemptionWatcher actor on every worker group's start")
     if not callable(getattr(trainer_class, "_initialize_and_run_controller", None)):
         missing.append("Ray Train's controller hook (_initialize_and_run_controller) is gone: "
-                       "its AutoscalingCoordinator actor starts on every run")
+                       "its AutoscalingCoordinator actor starts on every run, and a permanent "
+                       "worker error starts one more worker group before the run stops")
     return missing
