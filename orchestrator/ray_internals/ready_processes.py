@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 EXIT_WAIT_S = 10.0
 START_WAIT_S = 60.0
 IDLE_TITLE = b"ray::IDLE"  # what Ray names an idle worker process (setproctitle)
+STARTING_MARK = b"default_worker.py"  # a worker process's command line until it registers
+STALLED_S = 1.0  # none of the job's processes starting for this long: the raylet dropped one
 
 
 def actors_started_since(since_s: float) -> list[dict]:
@@ -55,6 +57,15 @@ def actors_started_since(since_s: float) -> list[dict]:
 def idle_processes() -> list[int]:
     """Pids of this job's idle worker processes on this machine (Ray sets RAY_JOB_ID in every
     worker's environment)."""
+    return _job_processes(lambda cmdline: cmdline.startswith(IDLE_TITLE))
+
+
+def starting_processes() -> list[int]:
+    """Pids of this job's worker processes still starting (not yet registered with Ray)."""
+    return _job_processes(lambda cmdline: STARTING_MARK in cmdline)
+
+
+def _job_processes(chosen) -> list[int]:
     import ray
 
     job = ray._private.worker.global_worker.current_job_id.hex().encode()
@@ -63,7 +74,7 @@ def idle_processes() -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            if not (entry / "cmdline").read_bytes().startswith(IDLE_TITLE):
+            if not chosen((entry / "cmdline").read_bytes()):
                 continue
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
@@ -110,10 +121,11 @@ def end_run_actors(actors: list[dict], grace_s: float = 2.0) -> list[str]:
 
 
 def keep_ready_like(actors: list[dict], keep_alive_s: float, cancelled: threading.Event,
-                    exit_wait_s: float = EXIT_WAIT_S) -> str | None:
+                    exit_wait_s: float = EXIT_WAIT_S, slots: int | None = None) -> str | None:
     """Once ``actors``' processes have exited, end this job's idle processes, then ask for one
     like each of ``actors``' processes, kept ``keep_alive_s``, until ``cancelled`` (the next
-    command is here: it takes what is up). Returns why not, or None (a speed-up only)."""
+    command is here: it takes what is up). ``slots``: how many the raylet starts at once (its
+    node's CPU count). Returns why not, or None (a speed-up only)."""
     # An actor's process still exiting counts as one of its kind to the raylet, which then
     # starts one fewer (seen: 1 of 2 workers ready, every other command).
     wait_exited([a["pid"] for a in actors], exit_wait_s)
@@ -122,18 +134,37 @@ def keep_ready_like(actors: list[dict], keep_alive_s: float, cancelled: threadin
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    # One at a time, each awaited: asked for several at once, or before the last one was up,
-    # the raylet started one fewer about every other time (seen with 2 of one kind).
+    slots = slots or max(1, os.cpu_count() or 1)
+    # Those of one environment together, as many at once as the raylet starts (it drops a
+    # prestart asked beyond its startup slots), each batch awaited before the next: asked
+    # before the last one was up, the raylet started one fewer about every other time. One
+    # it started fewer is asked for again. The workers first: the slowest to start.
+    kinds: dict[str, list[str]] = {}
     for actor in sorted(actors, key=lambda a: a["class"] != "RayTrainWorker"):
-        if cancelled.is_set():
-            return None
-        before = set(idle_processes())
-        problem = prestart(actor["runtime_env"], 1, keep_alive_s)
-        if problem:
-            return problem
-        deadline = time.monotonic() + START_WAIT_S
-        while not set(idle_processes()) - before and not cancelled.is_set():
-            if time.monotonic() >= deadline:
-                return f"a process for {actor['class']} did not start in {START_WAIT_S:.0f} s"
-            time.sleep(0.05)
+        kinds.setdefault(actor["runtime_env"], []).append(actor["class"])
+    for runtime_env, classes in kinds.items():
+        wanted = len(classes)
+        while wanted > 0:
+            if cancelled.is_set():
+                return None
+            before, asked = set(idle_processes()), min(wanted, slots)
+            problem = prestart(runtime_env, asked, keep_alive_s)
+            if problem:
+                return problem
+            deadline, stalled_since = time.monotonic() + START_WAIT_S, None
+            while len(set(idle_processes()) - before) < asked and not cancelled.is_set():
+                now = time.monotonic()
+                if starting_processes():
+                    stalled_since = None
+                elif stalled_since is None:
+                    stalled_since = now
+                elif now - stalled_since >= STALLED_S:
+                    break  # nothing more is coming: ask again for the rest
+                if now >= deadline:
+                    return f"a process for {classes[0]} did not start in {START_WAIT_S:.0f} s"
+                time.sleep(0.05)
+            came = len(set(idle_processes()) - before)
+            if came == 0 and not cancelled.is_set():
+                return f"the raylet started no process for {classes[0]}"
+            wanted -= came
     return None
