@@ -190,6 +190,29 @@ def test_bad_data_is_one_line_from_the_footers(tmp_path, case, message):
         batch = 2
     with pytest.raises(ConfigError, match=message):
         stream_plan(data, batch=batch, **kw)
+    if case in ("schema", "label"):  # held in memory: the driver's check says the same (it
+        from orchestrator.data.datasets import check_parquet  # read the first file's columns)
+
+        with pytest.raises(ConfigError, match=message):
+            check_parquet(config(data))
+
+
+def test_files_alike_but_for_a_columns_nullability_pass_and_no_rows_is_one_line(tmp_path):
+    """A column declared non-null in one file and nullable in another is the same column (its
+    nulls are counted by the finite check); data without rows says so, naming data.path (it
+    failed as an out-of-bounds target in the trial step)."""
+    from orchestrator.data.datasets import check_parquet, data_facts
+
+    data = write_data(tmp_path / "data", files=1)
+    table = pq.read_table(data / "part-00.parquet")
+    strict = pa.schema([f.with_nullable(False) for f in table.schema])
+    pq.write_table(table.cast(strict), data / "part-01.parquet")
+    assert len(check_parquet(config(data)).files) == 2
+    assert stream_plan(data).manifest.rows == 2 * table.num_rows
+    (tmp_path / "none").mkdir()
+    pq.write_table(table.slice(0, 0), tmp_path / "none" / "part-00.parquet")
+    with pytest.raises(ConfigError, match=r"^data.path='.*none': 0 rows; training needs 2 or more$"):
+        data_facts(config(tmp_path / "none"))
 
 
 @pytest.mark.parametrize("rows, columns", [(131, 7), (4096, 64), (3, 2)])

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from orchestrator.config.schema import DataConfig
-from orchestrator.data.manifest import check_numeric
+from orchestrator.data.manifest import check_numeric, same_columns, schema_difference
 from orchestrator.errors import ConfigError, one_line
 from orchestrator.storage.location import StorageSpec
 
@@ -55,6 +55,9 @@ def data_facts(cfg: DataConfig, storage: StorageSpec | None = None,
     if cfg.name == "parquet":
         dataset = opened if opened is not None else check_parquet(cfg, storage)
         labels = dataset.to_table(columns=[cfg.label])[cfg.label]
+        if len(labels) < 2:  # one row to train on and one held out, at the least
+            raise ConfigError(f"data.path={cfg.path!r}: {len(labels)} rows; training needs 2 "
+                              "or more")
         task = parquet_task(cfg, labels.type)
         outputs = len(labels.unique()) if task == "classification" else 1
         return DataFacts(len(dataset.schema.names) - 1, outputs, task)
@@ -162,7 +165,30 @@ def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None, key: str 
             + ", ".join(schema.names)
         )
     check_numeric(schema, cfg.label, key, cfg.path)
+    check_same_schema(dataset, cfg, key)
     return dataset
+
+
+# Files whose footers the driver reads up front to compare their columns: pyarrow reads a
+# dataset with its first file's, so another file's missing column would come back as nulls (a
+# "NaN" error, or NaN training) and an extra one would be dropped. Streamed data of more
+# files has every footer read for its manifest anyway, which compares them there.
+SCHEMA_CHECK_FILES = 256
+
+
+def check_same_schema(dataset, cfg: DataConfig, key: str) -> None:
+    fragments = dataset.get_fragments()
+    first = next(fragments, None)
+    if first is None:
+        return
+    for checked, fragment in enumerate(fragments, start=2):
+        if checked > SCHEMA_CHECK_FILES:
+            return
+        if not same_columns(fragment.physical_schema, dataset.schema):
+            raise ConfigError(
+                f"{key}={cfg.path!r}: {fragment.path} has another schema than {first.path} "
+                f"({schema_difference(dataset.schema, fragment.physical_schema, cfg.label)}); "
+                "every file must have the same columns")
 
 
 def eval_config(cfg: DataConfig) -> DataConfig:

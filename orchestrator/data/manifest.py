@@ -137,7 +137,7 @@ def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.p
             if label not in schema.names:
                 raise ConfigError(f"data.label={label!r} is not a column of {info.path}: "
                                   "columns are " + ", ".join(schema.names))
-        elif not file_schema.equals(schema):
+        elif not same_columns(file_schema, schema):
             raise ConfigError(f"{key}={path!r}: {info.path} has another schema than "
                               f"{infos[0].path} ({schema_difference(schema, file_schema, label)}); "
                               "every file must have the same columns and types")
@@ -159,6 +159,12 @@ def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.p
         raise ConfigError(f"{key}={path!r}: the parquet files hold no rows")
     check_numeric(schema, label, key, path)
     return Manifest(tuple(files), tuple(groups), tuple(schema.names), label)
+
+
+def same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+    """The same column names and types, in the same order (a column declared non-null in one
+    file and nullable in another is the same column: its values are checked for nulls)."""
+    return a.names == b.names and a.types == b.types
 
 
 def schema_difference(first: pa.Schema, other: pa.Schema, label: str) -> str:
