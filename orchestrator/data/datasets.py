@@ -188,7 +188,7 @@ def check_same_schema(dataset, cfg: DataConfig, key: str) -> None:
             raise ConfigError(
                 f"{key}={cfg.path!r}: {fragment.path} has another schema than {first.path} "
                 f"({schema_difference(dataset.schema, fragment.physical_schema, cfg.label)}); "
-                "every file must have the same columns")
+                "every file must have the same columns and types")
 
 
 def eval_config(cfg: DataConfig) -> DataConfig:
