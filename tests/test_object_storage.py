@@ -302,8 +302,8 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
     """FSDP on 2 workers, each rank's shard of a 17M-parameter MLP (~68 MB with momentum)
     written in the background (DCP's async_save) and uploaded to S3: rank 1 killed once its
     shard of step 20 is being written out for the upload, so step 20 is never the
-    latest and the restart resumes from step 10; the run then ends with the same parameters,
-    bit for bit, as one that was never interrupted."""
+    latest and the restart resumes from step 10 and commits step 20 again, whole; the run then
+    ends with the same parameters, bit for bit, as one that was never interrupted."""
     import glob
     import os
     import signal
@@ -312,7 +312,7 @@ def test_fsdp_shards_survive_a_rank_killed_mid_upload_and_resume_bit_identical(
 
     common = ["trainer=fsdp", f"cluster.address={ray_head.address}", "storage=s3",
               "storage.uri=s3://ckpt-tests/fsdp", f"storage.endpoint={s3_server.endpoint}",
-              "trainer.model.hidden=[4096,4096]", "trainer.max_steps=30",
+              "trainer.model.hidden=[4096,4096]", "trainer.max_steps=20",
               "checkpoint.every_steps=10", "checkpoint.keep=0", "cluster.cpus_per_worker=0.5"]
     pattern = "/tmp/orchestrator-rank1-*/staging/step_000000020/dcp/__1_0.distcp"
     before, folders_before = set(glob.glob(pattern)), set(glob.glob("/tmp/orchestrator-rank*"))

@@ -201,13 +201,17 @@ class Service:
             log.warning("no processes kept ready for the next command: %s", problem)
 
     def close(self) -> None:
-        """Stop listening first (a command sent now starts a new service), then end Ray."""
+        """Stop listening first (a command sent now starts a new service), then end what it
+        was keeping ready (not to ask a Ray that is going), then Ray."""
         try:
             if self.path.stat().st_ino == self.inode:
                 self.path.unlink()  # ours, not a newer service's
         except OSError:
             pass
         self.listener.close()
+        if self.preparing is not None:
+            self.next_command.set()
+            self.preparing.join(timeout=15)
         if self.held is not None and self.held.session is not None:
             self.held.session.close()
 
