@@ -25,14 +25,13 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.ray_internals.prestart import prestart
+from orchestrator.ray_internals.prestart import STARTING_MARK, prestart
 
 log = logging.getLogger(__name__)
 
 KEEP_ALIVE_S = 120  # a process asked for here and never taken is reaped after this
 WAIT_S = 30.0  # for the controller's process to start, and the group's to be asked for
 APPEAR_S = 0.2  # for a process asked for to show in /proc
-STARTING_MARK = b"default_worker.py"  # a worker process's command line until it registers
 
 
 def inherited(parent: str, child: dict) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 # How long the raylet keeps an unused process started ahead from its idle-process reaping:
 # the run's whole length (the job's end takes it anyway).
 KEEP_ALIVE_S = 30 * 24 * 3600
+STARTING_MARK = b"default_worker.py"  # a worker process's command line until it registers
 
 
 def prestart_like_this_process(count: int = 1) -> str | None:

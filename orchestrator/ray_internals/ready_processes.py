@@ -22,14 +22,13 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.ray_internals.prestart import prestart
+from orchestrator.ray_internals.prestart import STARTING_MARK, prestart
 
 log = logging.getLogger(__name__)
 
 EXIT_WAIT_S = 10.0
 START_WAIT_S = 60.0
 IDLE_TITLE = b"ray::IDLE"  # what Ray names an idle worker process (setproctitle)
-STARTING_MARK = b"default_worker.py"  # a worker process's command line until it registers
 STALLED_S = 1.0  # none of the job's processes starting for this long: the raylet dropped one
 
 
