@@ -59,8 +59,8 @@ def test_a_torchrun_script_runs_unchanged_and_a_rank_killed_mid_write_resumes_fr
               "checkpoint.keep=0", "cluster.cpus_per_worker=0.5", "trainer=script",
               "trainer.checkpoint_files=[snapshot.pt]"]
     straight = start_run(tmp_path / "straight", *common, "run.name=straight",
-                         f"trainer.command=torchrun --nproc-per-node=2 {SCRIPT} {EPOCHS} 1",
-                         cwd=project)
+                         f"trainer.command=OMP_NUM_THREADS=2 torchrun --nproc-per-node=2 {SCRIPT} "
+                         f"{EPOCHS} 1", cwd=project)
     gate = tmp_path / "gate"
     gate.touch()
     killed = start_run(tmp_path / "killed", *common, "run.name=killed", "cluster.workers=2",
@@ -86,10 +86,15 @@ def test_a_torchrun_script_runs_unchanged_and_a_rank_killed_mid_write_resumes_fr
                    capture_output=True, timeout=300)
     expected = torch.load(by_hand / "snapshot.pt")["MODEL_STATE"]
 
-    # The torchrun command line: torchrun's environment, each rank's lines in the run folder
-    # and rank 0's on the console, the weights of plain torchrun.
+    # The torchrun command line (with the shell's assignment before it): torchrun's
+    # environment, each rank's lines in the run folder and rank 0's on the console, the
+    # weights of plain torchrun, and the file it wrote where it runs, in the user's folder.
     out, rec = runs["straight"].output, runs["straight"].record
-    assert "env RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2" in log(tmp_path / "straight", 1)
+    assert "env RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_WORLD_SIZE=1" in \
+        log(tmp_path / "straight", 1)
+    assert "OMP_NUM_THREADS=2" in log(tmp_path / "straight", 1)
+    assert (project / "results.txt").read_text() == f"trained {EPOCHS} epochs\n"
+    assert not (project / "snapshot.pt").exists()  # the run's own: in its checkpoints
     assert f"[rank0] [GPU0] Epoch {EPOCHS - 1}" in out and "[GPU1]" not in out
     assert f"[GPU1] Epoch {EPOCHS - 1}" in log(tmp_path / "straight", 1)
     final = committed_snapshots(storage, "straight")

@@ -12,7 +12,12 @@ from orchestrator.cli import quote_commands
 from orchestrator.errors import ConfigError
 from trainers.script.command import cluster_from_command, parse_command
 from trainers.script.config import check_script
-from trainers.script.files import CheckpointWatcher, make_node_folder, restore_files
+from trainers.script.files import (
+    CheckpointWatcher,
+    keep_new_entries,
+    make_node_folder,
+    restore_files,
+)
 from trainers.script.process import ScriptProcess
 
 
@@ -25,9 +30,13 @@ from trainers.script.process import ScriptProcess
     ("torchrun --nnodes=1:3 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=h:29400 t.py",
      ["python", "t.py"], "t.py", (2, 6)),
     ("python -m torch.distributed.run --nnodes 2 t.py", ["python", "t.py"], "t.py", (2, 2)),
-    # No size flags: the size is cluster.workers'
+    # No size flags: the size is cluster.workers' (or torchrun's default, below)
     ("torchrun -m mypkg.train --lr 0.1", ["python", "-m", "mypkg.train", "--lr", "0.1"], None,
      None),
+    ("python3.11 -u -m torch.distributed.run --nproc_per_node=2 t.py", ["python", "t.py"], "t.py",
+     (2, 2)),
+    ("torchrun -r3 --tee=3 --max-restarts 2 --nproc-per-node=2 t.py", ["python", "t.py"], "t.py",
+     (2, 2)),
 ])
 def test_command_lines_are_read_as_python_and_torchrun_read_them(command, argv, script, workers):
     parsed = parse_command(command)
@@ -41,11 +50,31 @@ def test_command_lines_are_read_as_python_and_torchrun_read_them(command, argv, 
     ("torchrun --nproc-per-node=auto t.py", "--nproc-per-node=auto is not allowed here"),
     ("torchrun --nnodes=3:1 t.py", "--nnodes=3:1 is not allowed: MIN:MAX with MIN <= MAX"),
     ("python 'unclosed", "cannot be read as a command line"),
+    ("python t.py 2>&1 | tee log.txt", "'2>&1' is a shell's, and the command is not run by a shell"),
+    ("python t.py > log.txt", "'>' is a shell's"),
+    ("CUDA_VISIBLE_DEVICES=0,1 torchrun t.py", "CUDA_VISIBLE_DEVICES is set for each worker"),
+    ("torchrun --use-env t.py", "--use-env is not a torchrun flag"),
 ])
 def test_bad_command_lines_are_one_line_naming_the_key(command, says):
     with pytest.raises(ConfigError, match="trainer.command") as err:
         parse_command(command)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_shells_assignments_and_the_legacy_launchers_local_rank_reach_the_script():
+    parsed = parse_command("OMP_NUM_THREADS=4 NCCL_DEBUG=INFO torchrun --nproc-per-node=2 t.py 5")
+    assert parsed.env == {"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO"}
+    assert (parsed.argv, parsed.workers) == (["python", "t.py", "5"], (2, 2))
+    # torch.distributed.launch gives the script --local-rank=N before its arguments (as
+    # torch 2.13's does), unless --use-env; torchrun never does.
+    launch = "python -m torch.distributed.launch --nproc-per-node=2 {}t.py --lr 1"
+    assert parse_command(launch.format("")).argv_for(1) == \
+        ["python", "t.py", "--local-rank=1", "--lr", "1"]
+    assert parse_command(launch.format("--use-env ")).argv_for(1) == ["python", "t.py", "--lr", "1"]
+    assert parse_command("torchrun --nproc-per-node=2 t.py --lr 1").argv_for(1) == \
+        ["python", "t.py", "--lr", "1"]
+    assert parse_command("python -m torch.distributed.launch -m pkg.train").argv_for(0) == \
+        ["python", "-m", "pkg.train", "--local-rank=0"]
 
 
 def test_torchrun_flags_size_the_run_unless_the_command_line_says_otherwise(tmp_path):
@@ -57,10 +86,19 @@ def test_torchrun_flags_size_the_run_unless_the_command_line_says_otherwise(tmp_
                                           r"--nproc-per-node=2: workers=4"):
         cluster_from_command(trainer, {"workers": 3}, {"workers"})
     assert cluster_from_command({**trainer, "command": "python t.py"}, {}, set()) == {}
+    # torchrun without size flags starts one process; a cluster.workers given sizes it
+    plain = {**trainer, "command": "torchrun --standalone t.py"}
+    assert cluster_from_command(plain, {"workers": 2}, set()) == {"workers": 1}
+    assert cluster_from_command(plain, {"workers": 3}, {"workers"}) == {}
     (tmp_path / "t.py").write_text("dist.init_process_group(backend='nccl')\n")
     with pytest.raises(ConfigError, match="asks for the nccl backend, which needs GPUs"):
         cluster_from_command(trainer, {"gpus_per_worker": 0}, set())
     assert cluster_from_command(trainer, {"gpus_per_worker": 1}, set())["workers"] == 4
+    # The usual idiom falls back to gloo on CPU, and a comment is not code: both start.
+    for script in ('backend = "nccl" if torch.cuda.is_available() else "gloo"\n',
+                   "# dist.init_process_group('nccl')\ndist.init_process_group()\n"):
+        (tmp_path / "t.py").write_text(script)
+        assert cluster_from_command(trainer, {"gpus_per_worker": 0}, set())["workers"] == 4
 
 
 def test_the_script_must_exist_and_checkpoint_files_stay_inside_the_workdir(tmp_path):
@@ -110,6 +148,46 @@ def test_a_file_is_taken_only_once_closed_and_still_and_put_back_from_the_commit
     assert restore_files(folder, 1, work2, ckpt2) == 2
     assert (work2 / "snapshot.pt").read_bytes() == b"half and the rest"
     assert not CheckpointWatcher(work2, ckpt2, ["snapshot.pt"], tmp_path / "p2").poll()
+
+
+def test_a_folder_named_is_its_files_and_a_kill_takes_only_what_was_seen_closed(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    work, ckpt = make_node_folder(tmp_path / "node", user, ["ckpt", "snapshot.pt"])
+    watcher = CheckpointWatcher(work, ckpt, ["ckpt", "snapshot.pt"], tmp_path / "pending")
+    (work / "ckpt" / "step_1").mkdir(parents=True)  # a DCP or Hugging Face folder
+    (work / "ckpt" / "step_1" / "model.bin").write_bytes(b"weights")
+    assert not watcher.poll() and watcher.poll()
+    with open(work / "snapshot.pt", "wb") as f:  # open at the last poll, then the kill
+        f.write(b"torn")
+        f.flush()
+        assert not watcher.poll()
+    assert not watcher.poll(settled=False) and "work/snapshot.pt" not in watcher.taken
+    folder = tmp_path / "checkpoint"
+    watcher.write_into(folder, node_rank=0)
+    assert (folder / "node_0/work/ckpt/step_1/model.bin").read_bytes() == b"weights"
+    assert not (folder / "node_0/work/snapshot.pt").exists()
+
+
+def test_what_the_script_made_in_its_folder_is_the_users_when_it_ends(tmp_path):
+    user = tmp_path / "user"
+    (user / "logs").mkdir(parents=True)
+    (user / "results.json").write_text("last run's")
+    work, _ = make_node_folder(tmp_path / "node", user, ["snapshot.pt"])
+    (work / "model_final.pt").write_bytes(b"final")  # new
+    (work / "runs" / "exp1").mkdir(parents=True)  # a new folder (TensorBoard)
+    (work / "runs" / "exp1" / "events").write_bytes(b"e")
+    (work / "logs" / "train.log").write_text("through the link")  # already the user's
+    (work / "results.json").unlink()  # an atomic write replaces the link
+    (work / "results.json").write_text("this run's")
+    (work / "snapshot.pt").write_bytes(b"the run's checkpoint")  # private: in its checkpoints
+    assert keep_new_entries(work, user, ["snapshot.pt"]) == ["model_final.pt", "results.json",
+                                                             "runs"]
+    assert (user / "model_final.pt").read_bytes() == b"final"
+    assert (user / "runs" / "exp1" / "events").read_bytes() == b"e"
+    assert (user / "results.json").read_text() == "this run's"
+    assert (user / "logs" / "train.log").read_text() == "through the link"
+    assert not (user / "snapshot.pt").exists()
 
 
 def test_a_failed_rank_is_one_line_from_torchs_error_file_else_its_stderr(tmp_path):

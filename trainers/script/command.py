@@ -8,6 +8,7 @@ script's. Rendezvous, master address and port are the orchestrator's to choose.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,14 +16,22 @@ from pathlib import Path
 from orchestrator.errors import ConfigError
 
 TORCHRUN = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
-PYTHONS = ("python", "python3")
-# torchrun's flags that take a value (both spellings: --nproc-per-node and --nproc_per_node).
+PYTHON = re.compile(r"python(\d+(\.\d+)?)?")  # python, python3, python3.11
+PYTHON_VALUE_FLAGS = ("-W", "-X", "-c")  # python's own flags that take a value
+# torchrun's flags that take a value (both spellings: --nproc-per-node and --nproc_per_node),
+# those of torch 2.13's torchrun.
 VALUE_FLAGS = {"nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf",
                "max-restarts", "monitor-interval", "start-method", "role", "node-rank",
                "master-addr", "master-port", "local-addr", "log-dir", "redirects", "tee",
-               "local-ranks-filter", "logs-specs", "rdzv-timeout", "event-log-handler",
-               "numa-binding", "signals-to-handle", "r", "t"}
+               "local-ranks-filter", "duplicate-stdout-filters", "duplicate-stderr-filters",
+               "logs-specs", "event-log-handler", "numa-binding", "signals-to-handle",
+               "shutdown-timeout", "r", "t"}
 BOOL_FLAGS = {"standalone", "no-python", "run-path", "module", "m", "virtual-local-rank"}
+# The command is not run by a shell: these words would reach the script as its arguments.
+SHELL_WORDS = re.compile(r"^(\||\|\||&&|;|&|<|\d?>>?.*|&>.*|\$\(.*|`.*)$")
+ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+RAYS_OWN = ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+            "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,16 @@ class ScriptCommand:
     nproc_per_node: int | None = None  # torchrun's flags, when it was a torchrun command
     nnodes: tuple[int, int] | None = None
     torchrun_flags: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # NAME=value words before the command
+    launcher: str | None = None  # torchrun, torch.distributed.run or torch.distributed.launch
+    args_at: int = 0  # where the script's own arguments begin in argv (a torchrun line)
+
+    def argv_for(self, local_rank: int) -> list[str]:
+        """What a worker runs: torch.distributed.launch gives the script --local-rank=N first
+        (unless --use-env), as its own launcher does."""
+        if self.launcher != "torch.distributed.launch" or self.torchrun_flags.get("use-env"):
+            return list(self.argv)
+        return [*self.argv[:self.args_at], f"--local-rank={local_rank}", *self.argv[self.args_at:]]
 
     @property
     def workers(self) -> tuple[int, int] | None:
@@ -49,43 +68,81 @@ def parse_command(command: str) -> ScriptCommand:
     except ValueError as exc:
         raise ConfigError(f"trainer.command={command!r} cannot be read as a command line: {exc}") \
             from None
+    env = leading_assignments(argv, command)
+    argv = argv[len(env):]
     if not argv:
         raise ConfigError("trainer.command: a value is required: the command that runs your "
                           "script, e.g. trainer.command=\"python train.py --epochs 10\"")
-    if launcher(argv) is not None:
-        return torchrun_command(argv, command)
-    return plain_command(argv, command)
+    for word in argv:
+        if SHELL_WORDS.match(word):
+            raise ConfigError(f"trainer.command={command!r}: {word!r} is a shell's, and the "
+                              "command is not run by a shell: give the command alone (its "
+                              "output is kept in the run folder)")
+    named = launcher(argv)
+    parsed = torchrun_command(argv, command, named) if named is not None else \
+        plain_command(argv, command)
+    return ScriptCommand(parsed.argv, parsed.script, parsed.nproc_per_node, parsed.nnodes,
+                         parsed.torchrun_flags, env, named and argv[named - 1], parsed.args_at)
+
+
+def leading_assignments(argv: list[str], command: str) -> dict[str, str]:
+    """``OMP_NUM_THREADS=4 torchrun ...``: the script's environment, as a shell gives it."""
+    env: dict[str, str] = {}
+    for word in argv:
+        match = ASSIGNMENT.match(word)
+        if not match:
+            break
+        name, value = match.groups()
+        if name in RAYS_OWN:
+            raise ConfigError(f"trainer.command={command!r}: {name} is set for each worker by "
+                              "the orchestrator (GPUs: cluster.gpus_per_worker): leave it out")
+        env[name] = value
+    return env
+
+
+def is_python(word: str) -> bool:
+    return PYTHON.fullmatch(Path(word).name) is not None
 
 
 def launcher(argv: list[str]) -> int | None:
-    """How many words name torchrun (``torchrun``, ``python -m torch.distributed.run``)."""
+    """How many words name torchrun (``torchrun``, ``python -u -m torch.distributed.run``)."""
     if Path(argv[0]).name == "torchrun":
         return 1
-    if Path(argv[0]).name in PYTHONS and len(argv) >= 3 and argv[1] == "-m" and argv[2] in TORCHRUN:
-        return 3
+    if not is_python(argv[0]):
+        return None
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
+        i += 1 + (argv[i] in PYTHON_VALUE_FLAGS)
+    if i + 1 < len(argv) and argv[i] == "-m" and argv[i + 1] in TORCHRUN:
+        return i + 2
     return None
 
 
 def plain_command(argv: list[str], command: str) -> ScriptCommand:
-    if Path(argv[0]).name not in PYTHONS:
+    if not is_python(argv[0]):
         return ScriptCommand(argv, argv[0] if "/" in argv[0] else None)  # a program of its own
     i = 1
     while i < len(argv) and argv[i].startswith("-"):
         if argv[i] == "-m":
             return ScriptCommand(argv, None)
-        i += 1 + (argv[i] in ("-W", "-X", "-c"))  # python's flags that take a value
+        i += 1 + (argv[i] in PYTHON_VALUE_FLAGS)
     if i >= len(argv):
         raise ConfigError(f"trainer.command={command!r} names no script: python <script.py> ...")
     return ScriptCommand(argv, argv[i])
 
 
-def torchrun_command(argv: list[str], command: str) -> ScriptCommand:
+def torchrun_command(argv: list[str], command: str, start: int) -> ScriptCommand:
     flags: dict[str, str | bool] = {}
-    i = launcher(argv) or 1
+    i = start
+    legacy = argv[start - 1] == "torch.distributed.launch"
     while i < len(argv) and argv[i].startswith("-"):
         name, eq, value = argv[i].lstrip("-").partition("=")
         name = name.replace("_", "-")
-        if name in VALUE_FLAGS:
+        if not argv[i].startswith("--") and len(name) > 1 and name[0] in "rt" and not eq:
+            name, eq, value = name[0], "=", name[1:]  # -r3: a short flag and its value
+        if name == "use-env" and legacy:
+            flags[name] = True
+        elif name in VALUE_FLAGS:
             if not eq:
                 i += 1
                 if i >= len(argv):
@@ -110,7 +167,8 @@ def torchrun_command(argv: list[str], command: str) -> ScriptCommand:
         script_argv, script = ["python", "-m", *rest], None
     else:
         script_argv, script = ["python", *rest], rest[0]
-    return ScriptCommand(script_argv, script, nproc, nnodes, flags)
+    args_at = len(script_argv) - len(rest) + 1
+    return ScriptCommand(script_argv, script, nproc, nnodes, flags, args_at=args_at)
 
 
 def positive(value, flag: str, command: str) -> int | None:
@@ -152,7 +210,9 @@ def cluster_from_command(trainer: dict, cluster: dict, given: set[str]) -> dict:
                 "GPUs (cluster.gpus_per_worker=1) or use gloo on CPU")
     sized = command.workers
     if sized is None:
-        return {}
+        # A torchrun line without size flags starts one process, torchrun's default; a
+        # cluster.workers given with it sizes the run.
+        return {"workers": 1} if command.launcher and "workers" not in given else {}
     low, high = sized
     wanted = {"workers": high, "min_workers": low if low != high else None}
     for key, value in wanted.items():

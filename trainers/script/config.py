@@ -65,8 +65,11 @@ NCCL = re.compile(r"""backend\s*=\s*["']nccl["']|init_process_group\(\s*["']nccl
 
 
 def hard_coded_nccl(script: Path) -> bool:
-    """Does the script ask for nccl by name? (It cannot start on workers without GPUs.)"""
+    """Does the script ask for nccl by name, with no way to gloo? (It cannot start on
+    workers without GPUs.) `"nccl" if torch.cuda.is_available() else "gloo"` can."""
     try:
-        return bool(NCCL.search(script.read_text(errors="replace")))
+        lines = script.read_text(errors="replace").splitlines()
     except OSError:
         return False
+    code = "\n".join(line.split("#", 1)[0] for line in lines)  # comments are not code
+    return bool(NCCL.search(code)) and "gloo" not in code

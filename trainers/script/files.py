@@ -8,7 +8,8 @@ committed checkpoint's files are copied back in; only committed ones, so a file 
 mid-write is never put back.
 
 A written file is taken once it is *closed and still*: no process has it open (Linux's
-/proc/<pid>/fd), and its size, mtime and inode are the same one poll later and after the copy.
+/proc/<pid>/fd), and its size, mtime and inode are those a poll that found it closed saw, and
+the same after the copy.
 The copy goes aside at once, so a script that overwrites snapshot.pt in place never tears the
 one being uploaded.
 """
@@ -48,6 +49,32 @@ def make_node_folder(root: Path, workdir: Path, patterns: list[str]) -> tuple[Pa
         if len(parts) > 1 and not any(c in parts[0] for c in "*?["):
             (work / parts[0]).mkdir(exist_ok=True)
     return work, ckpt
+
+
+def keep_new_entries(work: Path, workdir: Path, patterns: list[str]) -> list[str]:
+    """What the script made in its folder (results.json, a plot, a runs/ folder) goes to
+    trainer.workdir when it ends, as under torchrun; a file it replaced (an atomic write over
+    a linked one) replaces yours. Not the checkpoint files' private entries: the run's
+    checkpoints hold those. Returns the names moved."""
+    tops = private_tops(patterns)
+    moved = []
+    if not work.is_dir():
+        return moved
+    for entry in sorted(work.iterdir()):
+        if entry.is_symlink() or any(fnmatch.fnmatch(entry.name, top) for top in tops):
+            continue
+        dest = workdir / entry.name
+        if dest.exists() and dest.is_dir() != entry.is_dir():
+            continue
+        try:
+            if entry.is_dir() and dest.is_dir():
+                shutil.copytree(entry, dest, symlinks=True, dirs_exist_ok=True)
+            else:
+                shutil.move(entry, dest)
+        except OSError:
+            continue
+        moved.append(entry.name)
+    return moved
 
 
 def restore_files(checkpoint: Path, node_rank: int, work: Path, ckpt: Path) -> int:
@@ -116,9 +143,12 @@ class CheckpointWatcher:
         """name ("work/<rel>" or "checkpoint_dir/<rel>") -> signature, for every file."""
         files: dict[str, tuple] = {}
         for pattern in self.patterns:
-            for path in self.work.glob(pattern):
-                if path.is_file() and not path.is_symlink():
-                    files[f"{WORK}/{path.relative_to(self.work)}"] = signature(path)
+            for match in self.work.glob(pattern):
+                # a folder named (ckpt, out/checkpoint-*) stands for every file under it
+                found = match.rglob("*") if match.is_dir() and not match.is_symlink() else [match]
+                for path in found:
+                    if path.is_file() and not path.is_symlink():
+                        files[f"{WORK}/{path.relative_to(self.work)}"] = signature(path)
         for path in self.ckpt.rglob("*"):
             if path.is_file():
                 files[f"{CKPT_DIR}/{path.relative_to(self.ckpt)}"] = signature(path)
@@ -137,11 +167,14 @@ class CheckpointWatcher:
             self.seen = now
             return self.has_new()
         in_use = open_files()
+        closed = {n: s for n, s in now.items() if str(self.path_of(n)) not in in_use}
         in_flux = False
         for name, sig in changed.items():
             path = self.path_of(name)
+            # still: the same at the last poll, when it was closed (a file open then may be
+            # torn by a kill since, however unchanged it looks now)
             still = settled or self.seen.get(name) == sig
-            if not still or str(path) in in_use:
+            if not still or name not in closed:
                 in_flux = True
                 continue
             copy = self.pending_root / name
@@ -153,7 +186,7 @@ class CheckpointWatcher:
                 continue
             self.taken[name] = sig
             self.ever_written = True
-        self.seen = now
+        self.seen = closed
         return not in_flux and self.has_new()
 
     def has_new(self) -> bool:

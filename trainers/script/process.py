@@ -12,6 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
+from trainers.script.command import is_python
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -38,7 +40,7 @@ class ScriptProcess:
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, rank: int,
                  error_file: Path):
-        if argv and Path(argv[0]).name in ("python", "python3"):
+        if argv and is_python(argv[0]):
             argv = [sys.executable, *argv[1:]]  # the workers' interpreter, as torchrun does
         self.rank, self.error_file = rank, error_file
         self._lines: list[str] = []

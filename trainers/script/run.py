@@ -31,6 +31,7 @@ from trainers.script.files import (
     CKPT_DIR,
     WORK,
     CheckpointWatcher,
+    keep_new_entries,
     make_node_folder,
     restore_files,
 )
@@ -79,6 +80,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
         first = {"attempt": uuid.uuid4().hex[:8], "addr": host, "port": free_port(host),
                  "restarts": ctx.groups_before()}
     first = ctx.broadcast(first)
+    first["nodes"] = int(ctx.sum_over_ranks([ctx.local_rank == 0])[0])  # torchrun's agents
     ctx.total_steps = None  # the group has started (the display counts checkpoints)
     root = (Path(tempfile.gettempdir()) / "orchestrator-script"
             / f"{ctx.run_name}-{first['attempt']}" / f"node_{ctx.node_rank}")
@@ -97,8 +99,8 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
         ctx.warn("the script restarted from the beginning: it wrote no checkpoint files "
                  f"(trainer.checkpoint_files={patterns}, or files under $CHECKPOINT_DIR)")
     ctx.broadcast(None)  # every node's folder is ready before any script starts
-    env = script_env(ctx, first, trainer, work, ckpt, root)
-    argv = [arg.replace("{checkpoint_dir}", str(ckpt)) for arg in command.argv]
+    env = {**script_env(ctx, first, trainer, work, ckpt, root), **command.env}
+    argv = [arg.replace("{checkpoint_dir}", str(ckpt)) for arg in command.argv_for(ctx.local_rank)]
     proc = ScriptProcess(argv, env, work, ctx.rank, root / f"error_rank{ctx.rank}.json")
     try:
         return Supervisor(ctx, proc, watcher, trainer).run(root)
@@ -107,6 +109,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
             proc.kill()
         ctx.output(proc.take_lines())
         if ctx.local_rank == 0:  # this node's folder only: nodes may share a /tmp
+            keep_new_entries(work, Path(trainer["workdir"]), patterns)
             shutil.rmtree(root, ignore_errors=True)
             try:
                 root.parent.rmdir()  # the attempt's folder, once every node left it
@@ -131,6 +134,7 @@ def script_env(ctx: WorkerContext, first: dict, trainer: dict, work: Path, ckpt:
         "WORLD_SIZE": str(ctx.world_size), "LOCAL_WORLD_SIZE": str(ctx.local_world_size),
         "GROUP_RANK": str(ctx.node_rank), "ROLE_RANK": str(ctx.rank),
         "ROLE_WORLD_SIZE": str(ctx.world_size), "ROLE_NAME": "default",
+        "GROUP_WORLD_SIZE": str(first["nodes"]),
         "MASTER_ADDR": first["addr"], "MASTER_PORT": str(first["port"]),
         "TORCHELASTIC_RESTART_COUNT": str(first["restarts"]),
         "TORCHELASTIC_MAX_RESTARTS": str(ctx.max_restarts),
@@ -209,7 +213,9 @@ class Supervisor:
         if code is None:
             self.proc.kill()
         self.ctx.output(self.proc.take_lines())
-        self.settle(clean=code is not None)
+        # Killed (by the SIGTERM, or the SIGKILL after it), a script may have torn the file it
+        # was writing: only files seen closed and still before are taken then.
+        self.settle(clean=code == 0)
         return None
 
 

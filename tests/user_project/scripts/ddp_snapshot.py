@@ -96,7 +96,8 @@ class Trainer:
                 self.save_snapshot(epoch)
             if stop.item():
                 print(f"rank {self.rank} stopping after epoch {epoch}", flush=True)
-                return
+                return epoch + 1
+        return max_epochs
 
 
 def main():
@@ -110,16 +111,19 @@ def main():
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_sigterm)
     print("env " + " ".join(f"{k}={os.environ.get(k)}" for k in (
-        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "TORCHELASTIC_RESTART_COUNT")), flush=True)
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR",
+        "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "OMP_NUM_THREADS")), flush=True)
     torch.manual_seed(0)
-    dist.init_process_group(backend="gloo")
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
     data = DataLoader(dataset(), batch_size=args.batch_size, shuffle=False,
                       sampler=DistributedSampler(dataset(), seed=0))
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    Trainer(model, data, optimizer, args.save_every, args.snapshot_path, args).train(
-        args.total_epochs)
+    trainer = Trainer(model, data, optimizer, args.save_every, args.snapshot_path, args)
+    epochs = trainer.train(args.total_epochs)
+    if trainer.rank == 0:  # a result file in the folder it runs in, as scripts do
+        with open("results.txt", "w") as f:
+            f.write(f"trained {epochs} epochs\n")
     dist.destroy_process_group()
     # torch 2.13 on gloo aborts now and then in its C++ teardown at interpreter exit, after
     # everything is done ("terminate called without an active exception", SIGABRT: 5 of 40
