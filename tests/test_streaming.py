@@ -316,3 +316,44 @@ def test_the_compiled_split_gives_numpys_rows():
             row_split.compiled_held_out = saved
         assert compiled.dtype == bool and np.array_equal(compiled, expected)
     assert 0.15 < row_split.held_out(np.arange(100_000), 0, 0.2).mean() < 0.25
+
+
+def test_a_user_folders_odd_files_and_uneven_row_groups_are_one_line_or_said(tmp_path, caplog):
+    """Found by trying it as a user: a glob took a sub-folder's files too; an unreadable file
+    after the first was a traceback; null labels and eval labels the training data lacks were
+    a crash and silent mislabels; row groups dealt unevenly trained 0 steps an epoch, exit 0."""
+    from orchestrator.data.datasets import check_parquet
+
+    data = write_data(tmp_path / "data", files=2)
+    write_data(tmp_path / "data" / "holdout", files=1)  # not data/*.parquet, as in a shell
+    hidden = tmp_path / "data" / ".part-09.parquet"
+    hidden.write_bytes((data / "part-00.parquet").read_bytes())
+    assert [f.path for f in stream_plan(f"{data}/*.parquet").manifest.files] == \
+        [str(data / "part-00.parquet"), str(data / "part-01.parquet")]
+    assert len(stream_plan(f"{data}/**/*.parquet").manifest.files) == 3
+
+    (data / "part-02.parquet").write_bytes(b"")  # an interrupted copy
+    for check in (lambda: check_parquet(config(data)), lambda: stream_plan(data)):
+        with pytest.raises(ConfigError, match=r"part-02.parquet is not a readable parquet file"):
+            check()
+    (data / "part-02.parquet").unlink()
+
+    labels = tmp_path / "unlabelled"
+    write_data(labels, files=1, label=lambda ids: pa.array([None if i == 7 else i % 3 for i in ids]))
+    with pytest.raises(ConfigError, match=r"1 rows have no label \(data.label='label' is null"):
+        stream_plan(labels)
+
+    other = write_data(tmp_path / "eval", files=1, label=lambda ids: ids % 4)  # a class 3
+    with pytest.raises(ConfigError, match=r"^data.eval_path=.*: label values that data.path does "
+                                          r"not have \(3\)"):
+        stream_plan(data, eval_path=str(other))
+
+    uneven = write_data(tmp_path / "uneven", files=1, groups=3, rows=50)
+    pq.write_table(pq.read_table(uneven / "part-00.parquet").slice(0, 3),
+                   uneven / "part-01.parquet")  # one row group of 3 rows: a shard of its own
+    with pytest.raises(ConfigError, match=r"give shard 3 [0-3] training rows, fewer than the 4 it "
+                                          r"gives each global batch .*not one step an epoch"):
+        stream_plan(uneven, batch=16)
+    caplog.clear()
+    assert stream_plan(uneven, workers=2, batch=4).shards == 2  # 2 shards: 100 and 53 rows
+    assert "of the training rows out of each epoch" in caplog.text

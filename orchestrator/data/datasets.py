@@ -184,10 +184,15 @@ def check_same_schema(dataset, cfg: DataConfig, key: str) -> None:
     for checked, fragment in enumerate(fragments, start=2):
         if checked > SCHEMA_CHECK_FILES:
             return
-        if not same_columns(fragment.physical_schema, dataset.schema):
+        try:
+            schema = fragment.physical_schema  # its footer
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ConfigError(f"{key}={cfg.path!r}: {fragment.path} is not a readable parquet "
+                              f"file ({one_line(exc)[:160]})") from None
+        if not same_columns(schema, dataset.schema):
             raise ConfigError(
                 f"{key}={cfg.path!r}: {fragment.path} has another schema than {first.path} "
-                f"({schema_difference(dataset.schema, fragment.physical_schema, cfg.label)}); "
+                f"({schema_difference(dataset.schema, schema, cfg.label)}); "
                 "every file must have the same columns and types")
 
 

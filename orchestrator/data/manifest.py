@@ -9,6 +9,7 @@ group too large to stream) stop the command here, before any worker starts.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -98,11 +99,9 @@ def what_changed(before: dict, now: Manifest) -> str | None:
 def list_files(fs: pafs.FileSystem, path: str, key: str) -> list[pafs.FileInfo]:
     """A file, every *.parquet under a folder (sorted), or a glob's matches."""
     if any(ch in path for ch in "*?["):
-        import fnmatch
-
         base = path[: min(path.index(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
         infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        found = [i for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)]
+        found = [i for i in infos if i.type == pafs.FileType.File and glob_match(i.path, path)]
     else:
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.File:
@@ -119,11 +118,32 @@ def list_files(fs: pafs.FileSystem, path: str, key: str) -> list[pafs.FileInfo]:
     return sorted(found, key=lambda i: i.path)
 
 
+def glob_match(path: str, pattern: str) -> bool:
+    """A shell's glob: ``*``, ``?`` and ``[...]`` within one folder level, ``**`` across any
+    number; a hidden name (.x) only where the pattern spells its dot. So data/*.parquet
+    leaves out data/holdout/x.parquet and data/_delta_log/..."""
+    return _match(path.split("/"), pattern.split("/"))
+
+
+def _match(parts: list[str], patterns: list[str]) -> bool:
+    if not patterns:
+        return not parts
+    if patterns[0] == "**":
+        return any(_match(parts[i:], patterns[1:]) for i in range(len(parts) + 1))
+    if not parts:
+        return False
+    name, pattern = parts[0], patterns[0]
+    if name.startswith(".") and not pattern.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(name, pattern) and _match(parts[1:], patterns[1:])
+
+
 def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.path",
                   max_row_group_mb: float | None = None) -> Manifest:
     """Footers only: one small read at the end of each file."""
     infos = list_files(fs, path, key)
     files, groups, schema, first = [], [], None, 0
+    unlabelled, first_unlabelled = 0, None
     for number, info in enumerate(infos):
         try:
             with fs.open_input_file(info.path) as handle:
@@ -141,6 +161,8 @@ def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.p
             raise ConfigError(f"{key}={path!r}: {info.path} has another schema than "
                               f"{infos[0].path} ({schema_difference(schema, file_schema, label)}); "
                               "every file must have the same columns and types")
+        unlabelled += label_nulls(meta, label)
+        first_unlabelled = first_unlabelled or (info.path if unlabelled else None)
         mtime = info.mtime_ns if info.mtime is not None else None
         files.append(DataFile(info.path, info.size, mtime))
         for index in range(meta.num_row_groups):
@@ -153,12 +175,32 @@ def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.p
                     f"data.max_row_group_mb={max_row_group_mb:g}: row group {index} of "
                     f"{info.path} holds {rg.total_byte_size / 2**20:.0f} MiB decoded, more than a "
                     "worker streams at once: write the data with smaller row groups (pyarrow's "
-                    "row_group_size) or raise data.max_row_group_mb")
+                    "row_group_size), raise data.max_row_group_mb, or hold it in memory "
+                    "(data.stream=false)")
     groups = [g for g in groups if g.rows]
     if not groups:
         raise ConfigError(f"{key}={path!r}: the parquet files hold no rows")
+    if unlabelled:
+        raise ConfigError(f"{key}={path!r}: {unlabelled} rows have no label (data.label={label!r} "
+                          f"is null there, the first in {first_unlabelled}): every row needs one")
     check_numeric(schema, label, key, path)
     return Manifest(tuple(files), tuple(groups), tuple(schema.names), label)
+
+
+def label_nulls(meta: pq.FileMetaData, label: str) -> int:
+    """Rows whose label is null, from the footer's statistics (0 where it has none)."""
+    if meta.num_row_groups == 0:
+        return 0
+    rg = meta.row_group(0)
+    column = next((c for c in range(rg.num_columns) if rg.column(c).path_in_schema == label), None)
+    if column is None:
+        return 0
+    nulls = 0
+    for index in range(meta.num_row_groups):
+        stats = meta.row_group(index).column(column).statistics
+        if stats is not None and stats.has_null_count:
+            nulls += stats.null_count
+    return nulls
 
 
 def same_columns(a: pa.Schema, b: pa.Schema) -> bool:

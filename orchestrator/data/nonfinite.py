@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from orchestrator.config.schema import DataConfig
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, one_line
 
 MAX_VALUES = 10_000_000  # ~80 MB of doubles: well under a second from a local disk
 
@@ -40,7 +40,11 @@ def check_finite(cfg: DataConfig, dataset) -> None:
     """One line naming data.path, how many values and where, unless data.allow_nonfinite."""
     if cfg.allow_nonfinite:
         return
-    counts = nonfinite_counts(dataset, list(dataset.schema.names))
+    try:
+        counts = nonfinite_counts(dataset, list(dataset.schema.names))
+    except (OSError, pa.ArrowInvalid) as exc:  # a file past those whose footers were checked
+        raise ConfigError(f"data.path={cfg.path!r}: cannot be read ({one_line(exc)[:200]})") \
+            from None
     if not counts:
         return
     worst = sorted(counts.items(), key=lambda kv: -kv[1])

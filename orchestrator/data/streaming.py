@@ -8,6 +8,7 @@ checkpoint's shard count, and refuses data that changed since (data.on_change).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from orchestrator.data.stream_reader import Decoding, EvalShare, GroupReader, Ra
 from orchestrator.errors import ConfigError
 from orchestrator.storage.location import StorageSpec
 
+log = logging.getLogger("orchestrator")
 SAMPLE_GROUPS = 4  # row groups read on the driver for the feature scaling and the bins
 MAX_BINS = 255  # histogram bins a feature gets from the sample's quantiles (boosting)
 
@@ -164,7 +166,17 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
                 f"data.path={cfg.path!r} changed since the checkpoint this run resumes from "
                 f"({change}): its order and split would differ; set data.on_change=continue to "
                 "go on with the data as it is now, or start a new run (run.name)")
+    if global_batch is not None:
+        check_epoch(cfg, StreamOrder(manifest, seed, global_batch, shards, cfg.window,
+                                     cfg.test_fraction, eval_manifest is not None))
     decoding, bounds = decide_decoding(fs, manifest, cfg, seed, task)
+    if eval_manifest is not None and decoding.classes is not None:
+        unknown = sorted(set(label_values(eval_data.filesystem()[0], eval_manifest))
+                         - set(decoding.classes), key=str)
+        if unknown:
+            raise ConfigError(f"data.eval_path={cfg.eval_path!r}: label values that data.path "
+                              f"does not have ({', '.join(map(repr, unknown[:3]))}): a model "
+                              "trained there has no class for them")
     return StreamPlan(manifest, eval_manifest, decoding, shards, cfg.window, data, eval_data, seed,
                       cfg.test_fraction, bounds)
 
@@ -180,24 +192,41 @@ def check_shards(cfg: DataConfig, shards: int, workers: int, groups: int,
     if groups < shards:
         raise ConfigError(f"data.path={cfg.path!r} has {groups} row groups, fewer than "
                           f"{shards} virtual shards ({source}, null: cluster.workers): write "
-                          "it with more row groups, or stream fewer shards")
+                          "it with more row groups, stream fewer shards, or hold it in memory "
+                          "(data.stream=false)")
     if global_batch is not None and global_batch < shards:
         raise ConfigError(f"trainer.batch_size={global_batch} is smaller than the {shards} "
                           f"virtual shards ({source}): each gives the global batch a row or more")
+
+
+LEFT_OVER_WARNING = 0.1  # of an epoch's training rows
+
+
+def check_epoch(cfg: DataConfig, order: StreamOrder) -> None:
+    """Every shard gives the global batch its rows at each step, so the shortest shard ends
+    the epoch: whole row groups dealt unevenly leave rows of the others for a later epoch.
+    None at all is refused; more than a tenth is said once."""
+    shortest = min(range(order.shards), key=lambda v: order.shard_rows[v] // order.per_step[v])
+    where = (f"data.path={cfg.path!r}: its {len(order.manifest.groups)} row groups dealt to "
+             f"{order.shards} virtual shards (data.shards, null: cluster.workers)")
+    if order.steps_per_epoch == 0:
+        raise ConfigError(
+            f"{where} give shard {shortest} {order.shard_rows[shortest]} training rows, fewer "
+            f"than the {order.per_step[shortest]} it gives each global batch "
+            f"(trainer.batch_size={order.global_batch}): not one step an epoch; use a smaller "
+            "trainer.batch_size, fewer shards, more row groups, or data.stream=false")
+    left = 1 - order.steps_per_epoch * order.global_batch / order.num_rows
+    if left > LEFT_OVER_WARNING:
+        log.warning("%s leave %.0f%% of the training rows out of each epoch (shard %d has %d, "
+                    "the largest %d): write smaller row groups, or data.stream=false",
+                    where, 100 * left, shortest, order.shard_rows[shortest], max(order.shard_rows))
 
 
 def decide_decoding(fs, manifest: Manifest, cfg: DataConfig, seed: int, task: str,
                     ) -> tuple[Decoding, tuple[tuple[float, ...], ...]]:
     """Label classes from the label column (one column, all row groups); feature scaling
     and histogram bins from the training rows of a few row groups spread over the data."""
-    classes = None
-    if task != "regression":
-        found = []
-        for f in manifest.files:
-            with fs.open_input_file(f.path) as handle:
-                column = pq.ParquetFile(handle).read(columns=[manifest.label])[manifest.label]
-            found.append(pc.unique(column))
-        classes = tuple(sorted(pc.unique(pa.concat_arrays(found)).to_pylist()))
+    classes = tuple(sorted(label_values(fs, manifest))) if task != "regression" else None
     picks = np.unique(np.linspace(0, len(manifest.groups) - 1, SAMPLE_GROUPS).round().astype(int))
     sample = []
     plain = Decoding(manifest.features, manifest.label, None, None, None)
@@ -214,6 +243,16 @@ def decide_decoding(fs, manifest: Manifest, cfg: DataConfig, seed: int, task: st
     std = np.where(std < 1e-6, 1.0, std).astype(np.float32)
     return (Decoding(manifest.features, manifest.label, classes, mean.astype(np.float32), std),
             bin_bounds(x))
+
+
+def label_values(fs, manifest: Manifest) -> list:
+    """The distinct values of the label column, one file at a time."""
+    found = []
+    for f in manifest.files:
+        with fs.open_input_file(f.path) as handle:
+            column = pq.ParquetFile(handle).read(columns=[manifest.label])[manifest.label]
+        found.append(pc.unique(column))
+    return pc.unique(pa.concat_arrays(found)).drop_null().to_pylist()
 
 
 def bin_bounds(x: np.ndarray, bins: int = MAX_BINS) -> tuple[tuple[float, ...], ...]:
