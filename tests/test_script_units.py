@@ -107,7 +107,7 @@ def test_the_script_must_exist_and_checkpoint_files_stay_inside_the_workdir(tmp_
     check_script({"trainer": ok})
     with pytest.raises(ConfigError, match="the script 'nope.py' does not exist in trainer.workdir="):
         check_script({"trainer": {**ok, "command": "python nope.py"}})
-    for bad in ("../x.pt", "/etc/x", "~/x.pt", "a/../../x"):
+    for bad in ("../x.pt", "/etc/x", "~/x.pt", "a/../../x", "**/*.pt", "*/snapshot.pt"):
         with pytest.raises(ConfigError, match="trainer.checkpoint_files: .* is not allowed"):
             check_script({"trainer": {**ok, "checkpoint_files": [bad]}})
 

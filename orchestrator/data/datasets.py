@@ -54,12 +54,16 @@ def data_facts(cfg: DataConfig, storage: StorageSpec | None = None,
         return DataFacts(cfg.features, cfg.classes if task == "classification" else 1, task)
     if cfg.name == "parquet":
         dataset = opened if opened is not None else check_parquet(cfg, storage)
-        labels = dataset.to_table(columns=[cfg.label])[cfg.label]
-        if len(labels) < 2:  # one row to train on and one held out, at the least
-            raise ConfigError(f"data.path={cfg.path!r}: {len(labels)} rows; training needs 2 "
-                              "or more")
-        task = parquet_task(cfg, labels.type)
-        outputs = len(labels.unique()) if task == "classification" else 1
+        rows = dataset.count_rows()  # from the footers
+        if rows < 2:  # one row to train on and one held out, at the least
+            raise ConfigError(f"data.path={cfg.path!r}: {rows} rows; training needs 2 or more")
+        task = parquet_task(cfg, dataset.schema.field(cfg.label).type)
+        outputs = 1
+        if task == "classification":  # the label column a batch at a time: data of any size
+            import pyarrow.compute as pc
+
+            distinct = [pc.unique(b.column(0)) for b in dataset.to_batches(columns=[cfg.label])]
+            outputs = len(pc.unique(pa.concat_arrays(distinct)).drop_null())
         return DataFacts(len(dataset.schema.names) - 1, outputs, task)
     return None
 

@@ -59,6 +59,11 @@ def check_checkpoint_pattern(pattern: str) -> None:
             os.path.expanduser(pattern) != pattern:
         raise ConfigError(f"trainer.checkpoint_files: {pattern!r} is not allowed: a path or glob "
                           "relative to trainer.workdir, inside it (snapshot.pt, ckpt/*.pt)")
+    if len(parts) > 1 and any(c in parts[0] for c in "*?["):
+        # The entries a pattern's first part matches are the run's own, not links to yours:
+        # */x.pt or **/*.pt would hide every folder, the script's code with them.
+        raise ConfigError(f"trainer.checkpoint_files: {pattern!r} is not allowed: name its first "
+                          "folder (ckpt/*.pt, ckpt/**/*.pt), whose files are the checkpoint's")
 
 
 NCCL = re.compile(r"""backend\s*=\s*["']nccl["']|init_process_group\(\s*["']nccl["']""")
