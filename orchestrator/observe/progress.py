@@ -56,7 +56,7 @@ def details(state: ProgressState) -> list[str]:
     parts = []
     if state.step_s is not None and state.total:
         parts.append(f"ETA {clock(max(0, state.total - state.step) * state.step_s)}")
-    if state.samples_per_s is not None:
+    if state.samples_per_s:  # none where the run counts no samples (a user's script)
         parts.append(f"{state.samples_per_s:,.0f} samples/s")
     if state.world_size:
         parts.append(f"{state.world_size} worker{'s' if state.world_size != 1 else ''}")
