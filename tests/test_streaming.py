@@ -357,3 +357,48 @@ def test_a_user_folders_odd_files_and_uneven_row_groups_are_one_line_or_said(tmp
     caplog.clear()
     assert stream_plan(uneven, workers=2, batch=4).shards == 2  # 2 shards: 100 and 53 rows
     assert "of the training rows out of each epoch" in caplog.text
+
+
+def test_data_columns_chooses_the_features_streamed_or_held_in_memory(tmp_path):
+    """A user's parquet with an id, a timestamp and a text column beside the features: the
+    command refused it ('feature column ... is string'); data.columns chooses what trains."""
+    from orchestrator.data.datasets import check_parquet, data_facts, read_parquet
+    from orchestrator.data.nonfinite import check_finite
+
+    data = write_data(tmp_path / "data", files=2)
+    for path in sorted(data.glob("*.parquet")):
+        table = pq.read_table(path)
+        n = table.num_rows
+        table = table.append_column("city", pa.array(["x"] * n)).append_column(
+            "seen", pa.array(np.arange(n).astype("datetime64[s]"))).append_column(
+            "f9", pa.array([np.nan] * n))  # a column of NaN, left out too
+        pq.write_table(table, path, row_group_size=50)
+    with pytest.raises(ConfigError, match=r"feature column 'city' is string, only numeric feature "
+                                          r"columns are allowed \(data.columns chooses"):
+        check_parquet(config(data))
+    chosen = config(data, columns=["f2", "id"])
+    check_finite(chosen, check_parquet(chosen))  # f9's NaN are not a feature's
+    assert data_facts(chosen).features == 2
+    x, _, names, _, _ = read_parquet(chosen, None)
+    assert names == ["f2", "id"] and x.shape[1] == 2
+    plan = stream_plan(data, columns=["f2", "id"])
+    assert plan.decoding.features == ("f2", "id")
+    order = plan.order(16)
+    ids, x, _ = next(iter(plan.rank_stream(order, 0, 1).steps(0, 1)))
+    assert x.shape == (16, 2) and np.array_equal(
+        np.rint(x[:, 1] * plan.decoding.std[1] + plan.decoding.mean[1]).astype(np.int64), ids)
+    with pytest.raises(ConfigError, match=r"^data.columns: 'nope' is not a column of .*: columns are id"):
+        stream_plan(data, columns=["nope"])
+    for bad in (["label"], [], ["f1", "f1"]):
+        with pytest.raises(ConfigError, match=r"^data.columns="):
+            config(data, columns=bad)
+
+
+def test_a_text_label_streams(tmp_path):
+    """The driver sampled a few row groups for the feature scaling with the label read as a
+    number: text labels ('yes', 'no') stopped a streamed command with a traceback."""
+    data = write_data(tmp_path / "data", label=lambda ids: pa.array(np.where(ids % 2, "yes", "no")))
+    plan = stream_plan(data)
+    assert plan.decoding.classes == ("no", "yes")
+    ids, _, y = next(iter(plan.rank_stream(plan.order(16), 0, 1).steps(0, 1)))
+    assert np.array_equal(y, ids % 2)

@@ -118,6 +118,9 @@ class DataConfig:
     task: str | None = None
     path: str | None = None  # parquet: a file or directory, local or s3://
     label: str = "label"  # parquet: the label column
+    # parquet: the feature columns, in this order (null: every column but the label), so an
+    # id, a timestamp or a text column of your data can stay there
+    columns: list[str] | None = None
     # Tabular data's shape, for interpolation (trainer.model.in_features: ${data.features}):
     # null = filled in from the data on the driver before anything starts.
     features: int | None = None  # synthetic: the number of features to generate
@@ -178,6 +181,13 @@ class DataConfig:
             require(self.classes >= 2, "data.classes", self.classes, "an integer >= 2")
             require(self.task in (None, "classification", "regression"), "data.task", self.task,
                     "classification or regression for data=synthetic")
+        if self.columns is not None:
+            self.columns = [str(c) for c in self.columns]
+            require(self.name == "parquet", "data.columns", self.columns, "null unless data=parquet")
+            require(len(self.columns) >= 1 and len(set(self.columns)) == len(self.columns)
+                    and self.label not in self.columns, "data.columns", self.columns,
+                    "null, or a list of distinct feature column names without the label "
+                    f"({self.label!r})")
         if self.name == "parquet":
             require(bool(self.path), "data.path", self.path,
                     "a parquet file or directory (local path or s3:// URI)")

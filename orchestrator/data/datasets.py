@@ -13,7 +13,12 @@ import numpy as np
 import pyarrow as pa
 
 from orchestrator.config.schema import DataConfig
-from orchestrator.data.manifest import check_numeric, same_columns, schema_difference
+from orchestrator.data.manifest import (
+    check_numeric,
+    feature_columns,
+    same_columns,
+    schema_difference,
+)
 from orchestrator.errors import ConfigError, one_line
 from orchestrator.storage.location import StorageSpec
 
@@ -64,7 +69,8 @@ def data_facts(cfg: DataConfig, storage: StorageSpec | None = None,
 
             distinct = [pc.unique(b.column(0)) for b in dataset.to_batches(columns=[cfg.label])]
             outputs = len(pc.unique(pa.concat_arrays(distinct)).drop_null())
-        return DataFacts(len(dataset.schema.names) - 1, outputs, task)
+        features = feature_columns(dataset.schema.names, cfg.label, cfg.columns, cfg.path)
+        return DataFacts(len(features), outputs, task)
     return None
 
 
@@ -168,7 +174,7 @@ def check_parquet(cfg: DataConfig, storage: StorageSpec | None = None, key: str 
             f"data.label={cfg.label!r} is not a column of {cfg.path}: columns are "
             + ", ".join(schema.names)
         )
-    check_numeric(schema, cfg.label, key, cfg.path)
+    check_numeric(schema, cfg.label, key, cfg.path, cfg.columns)
     check_same_schema(dataset, cfg, key)
     return dataset
 
@@ -202,15 +208,17 @@ def check_same_schema(dataset, cfg: DataConfig, key: str) -> None:
 
 def eval_config(cfg: DataConfig) -> DataConfig:
     """data.eval_path read like data.path (its errors name data.eval_path)."""
-    return DataConfig(name="parquet", path=cfg.eval_path, label=cfg.label, task=cfg.task)
+    return DataConfig(name="parquet", path=cfg.eval_path, label=cfg.label, task=cfg.task,
+                      columns=cfg.columns)
 
 
 def read_parquet(cfg: DataConfig, storage: StorageSpec | None, key: str = "data.path",
                  values: np.ndarray | None = None):
     """(x, y, feature names, task, label values) of cfg.path. Class ids number the sorted
     label values found there, or ``values`` (data.path's, for data.eval_path)."""
-    table = check_parquet(cfg, storage, key).to_table()
-    names = [n for n in table.column_names if n != cfg.label]
+    dataset = check_parquet(cfg, storage, key)
+    names = list(feature_columns(dataset.schema.names, cfg.label, cfg.columns, cfg.path))
+    table = dataset.to_table(columns=[*names, cfg.label])
     x = np.column_stack([table[n].to_numpy(zero_copy_only=False) for n in names]).astype(np.float32)
     task = parquet_task(cfg, table.schema.field(cfg.label).type)
     labels = table[cfg.label].to_numpy(zero_copy_only=False)

@@ -139,7 +139,8 @@ def _match(parts: list[str], patterns: list[str]) -> bool:
 
 
 def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.path",
-                  max_row_group_mb: float | None = None) -> Manifest:
+                  max_row_group_mb: float | None = None,
+                  chosen: list[str] | None = None) -> Manifest:
     """Footers only: one small read at the end of each file."""
     infos = list_files(fs, path, key)
     files, groups, schema, first = [], [], None, 0
@@ -183,7 +184,7 @@ def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.p
     if unlabelled:
         raise ConfigError(f"{key}={path!r}: {unlabelled} rows have no label (data.label={label!r} "
                           f"is null there, the first in {first_unlabelled}): every row needs one")
-    check_numeric(schema, label, key, path)
+    check_numeric(schema, label, key, path, chosen)
     return Manifest(tuple(files), tuple(groups), tuple(schema.names), label)
 
 
@@ -228,8 +229,22 @@ def is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
-def check_numeric(schema: pa.Schema, label: str, key: str, path: str) -> None:
-    for fld in schema:
-        if fld.name != label and not is_numeric(fld.type):
-            raise ConfigError(f"{key}={path!r}: feature column {fld.name!r} is {fld.type}, "
-                              "only numeric feature columns are allowed")
+def feature_columns(names: list[str] | tuple[str, ...], label: str,
+                    chosen: list[str] | None, where: str) -> tuple[str, ...]:
+    """data.columns, each checked to be there; null: every column but the label."""
+    if chosen is None:
+        return tuple(n for n in names if n != label)
+    missing = [c for c in chosen if c not in names]
+    if missing:
+        raise ConfigError(f"data.columns: {missing[0]!r} is not a column of {where}: columns are "
+                          + ", ".join(names))
+    return tuple(chosen)
+
+
+def check_numeric(schema: pa.Schema, label: str, key: str, path: str,
+                  chosen: list[str] | None = None) -> None:
+    for name in feature_columns(schema.names, label, chosen, path):
+        if not is_numeric(schema.field(name).type):
+            raise ConfigError(f"{key}={path!r}: feature column {name!r} is "
+                              f"{schema.field(name).type}, only numeric feature columns are "
+                              "allowed (data.columns chooses the features)")

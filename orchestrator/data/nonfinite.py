@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from orchestrator.config.schema import DataConfig
+from orchestrator.data.manifest import feature_columns
 from orchestrator.errors import ConfigError, one_line
 
 MAX_VALUES = 10_000_000  # ~80 MB of doubles: well under a second from a local disk
@@ -41,7 +42,9 @@ def check_finite(cfg: DataConfig, dataset) -> None:
     if cfg.allow_nonfinite:
         return
     try:
-        counts = nonfinite_counts(dataset, list(dataset.schema.names))
+        columns = [*feature_columns(dataset.schema.names, cfg.label, cfg.columns, cfg.path),
+                   cfg.label]
+        counts = nonfinite_counts(dataset, columns)
     except (OSError, pa.ArrowInvalid) as exc:  # a file past those whose footers were checked
         raise ConfigError(f"data.path={cfg.path!r}: cannot be read ({one_line(exc)[:200]})") \
             from None

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from orchestrator.config.schema import DataConfig
-from orchestrator.data.manifest import Manifest, read_manifest, what_changed
+from orchestrator.data.manifest import Manifest, feature_columns, read_manifest, what_changed
 from orchestrator.data.row_split import held_out
 from orchestrator.data.stream_order import StreamOrder
 from orchestrator.data.stream_reader import Decoding, EvalShare, GroupReader, RankStream
@@ -146,14 +146,15 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
         return None
     data = storage.sibling(cfg.path)
     fs, path = data.filesystem()
-    manifest = read_manifest(fs, path, cfg.label, "data.path", cfg.max_row_group_mb)
+    manifest = read_manifest(fs, path, cfg.label, "data.path", cfg.max_row_group_mb, cfg.columns)
     if not stream_wanted(cfg, manifest):
         return None
     eval_data = eval_manifest = None
     if cfg.eval_path:
         eval_data = storage.sibling(cfg.eval_path)
         efs, epath = eval_data.filesystem()
-        eval_manifest = read_manifest(efs, epath, cfg.label, "data.eval_path", cfg.max_row_group_mb)
+        eval_manifest = read_manifest(efs, epath, cfg.label, "data.eval_path", cfg.max_row_group_mb,
+                                      cfg.columns)
         if eval_manifest.columns != manifest.columns:
             raise ConfigError(f"data.eval_path={cfg.eval_path!r}: its columns differ from "
                               f"data.path's ({', '.join(eval_manifest.columns)})")
@@ -229,19 +230,19 @@ def decide_decoding(fs, manifest: Manifest, cfg: DataConfig, seed: int, task: st
     classes = tuple(sorted(label_values(fs, manifest))) if task != "regression" else None
     picks = np.unique(np.linspace(0, len(manifest.groups) - 1, SAMPLE_GROUPS).round().astype(int))
     sample = []
-    plain = Decoding(manifest.features, manifest.label, None, None, None)
+    features = feature_columns(manifest.columns, manifest.label, cfg.columns, cfg.path)
+    plain = Decoding(features, manifest.label, classes, None, None)  # labels as classes
     for g in picks:
         grp = manifest.groups[g]
         with fs.open_input_file(manifest.files[grp.file].path) as handle:
-            table = pq.ParquetFile(handle).read_row_group(grp.index, columns=list(manifest.features)
-                                                          + [manifest.label])
+            table = pq.ParquetFile(handle).read_row_group(grp.index, columns=[*features, manifest.label])
         x, _ = plain.decode(table)
         ids = np.arange(grp.first_row, grp.first_row + grp.rows)
         sample.append(x if cfg.eval_path else x[~held_out(ids, seed, cfg.test_fraction)])
     x = np.concatenate(sample)
     mean, std = x.mean(0), x.std(0)
     std = np.where(std < 1e-6, 1.0, std).astype(np.float32)
-    return (Decoding(manifest.features, manifest.label, classes, mean.astype(np.float32), std),
+    return (Decoding(features, manifest.label, classes, mean.astype(np.float32), std),
             bin_bounds(x))
 
 
