@@ -171,10 +171,55 @@ def test_scaling_compares_trials_that_differ_only_in_workers():
     ]
     add_scaling(rows)
     assert rows[1]["speedup"] == 3.0 and rows[1]["efficiency"] == 0.75
-    assert rows[2]["speedup"] == 1.0  # its own group: the only trial with lr=0.2
+    assert rows[2]["speedup"] is None  # its own group, the only trial with lr=0.2: nothing to compare
     assert rows[3]["speedup"] is None
     text = markdown({"name": "s", "metric": "test_accuracy", "mode": "max", "search": "grid",
                      "trials": rows, "max_concurrent": 2, "cpu_budget": 1.0, "wall_s": 10.0,
                      "best": rows[0]})
     table = [line for line in text.splitlines() if line.startswith("| ") and "trial" not in line]
     assert len(table) == 4 and "| 0.75 |" in table[2 if table[2].startswith("| b") else 1]
+
+
+def test_a_folder_holding_another_sweep_is_refused_and_solo_figures_are_a_new_sweep(tmp_path):
+    """Found by reading it as a user would: the report's own advice (rerun with
+    hydra.sweeper.max_concurrent=1) resumed the contended sweep under a new header, and a
+    hydra.sweep.dir given again with other trials resumed the old ones silently."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.sweep.config import RayTuneSweeperConf
+    from orchestrator.sweep.runner import IDENTITY, another_sweep_there, sweep_identity, sweep_name
+
+    config = OmegaConf.create({"seed": 0, "trainer": {"name": "ddp"}})
+    space = build_space(["cluster.workers=1,2"], {})
+    shared, solo = RayTuneSweeperConf(), RayTuneSweeperConf(max_concurrent=1)
+    assert sweep_name(config, space, shared) != sweep_name(config, space, solo)
+    identity = sweep_identity(config, space, shared)
+    assert another_sweep_there(tmp_path, identity) is None  # nothing there yet
+    (tmp_path / IDENTITY).write_text(json.dumps(identity))
+    assert another_sweep_there(tmp_path, identity) is None  # the same sweep: it resumes
+    wider = sweep_identity(config, build_space(["cluster.workers=1,2,4"], {}), shared)
+    assert another_sweep_there(tmp_path, wider) == (
+        f"{tmp_path} holds another sweep (its dims differ from this command's): give another "
+        "hydra.sweep.dir (or hydra.sweeper.name), or remove that folder to start this sweep there")
+
+
+def test_a_trials_own_metrics_reach_the_record_and_a_nan_is_never_best(tmp_path):
+    from types import SimpleNamespace
+
+    from orchestrator.sweep.config import RayTuneSweeperConf
+    from orchestrator.sweep.report import write_report
+    from orchestrator.sweep.runner import summarize, trial_row
+
+    space = build_space(["trainer.lr=0.1,1e9"], {})
+    results = [SimpleNamespace(metrics={"score": s, "test_accuracy": a, "final": True,
+                                        "samples_per_s": 10.0, "time_total_s": 3.0, "step": 5},
+                               config={"trainer.lr": lr}, error=None,
+                               path=str(tmp_path / "tune" / f"t{i}"))
+               for i, (lr, s, a) in enumerate([("1e9", float("nan"), float("nan")),
+                                               ("0.1", 0.5, 0.9)])]
+    rows = [trial_row(r, space, 2) for r in results]
+    assert rows[1]["metrics"] == {"score": 0.5, "test_accuracy": 0.9}  # not only test_*
+    summary = summarize(RayTuneSweeperConf(metric="score"), "s", tmp_path, space, rows, 2, 1.0, 0.0)
+    assert summary["best"]["trial"] == "t1"  # the NaN trial came first
+    written = json.loads((write_report(summary, tmp_path)["json"]).read_text())
+    assert written["trials"][0]["metric"] is None  # strict JSON: null, not NaN

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 from orchestrator.redaction import redact
@@ -30,8 +31,9 @@ def add_scaling(rows: list[dict]) -> None:
     for members in groups.values():
         measured = [r for r in members if r.get("samples_per_s")]
         base = min(measured, key=lambda r: r["workers"], default=None)
+        alone = len({r["workers"] for r in measured}) < 2  # nothing to compare it with
         for row in members:
-            if base is None or not row.get("samples_per_s"):
+            if base is None or alone or not row.get("samples_per_s"):
                 row["speedup"] = row["efficiency"] = None
                 continue
             row["speedup"] = round(row["samples_per_s"] / base["samples_per_s"], 3)
@@ -110,6 +112,17 @@ def plot(summary: dict, path: Path) -> bool:
     return True
 
 
+def finite(value):
+    """NaN and infinities as null: strict JSON readers refuse Python's NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
 def write_report(summary: dict, sweep_dir: Path) -> dict[str, Path]:
     add_scaling(summary["trials"])
     # A trial's overrides and error can quote a secret (storage.secret_key=..., a URL's
@@ -118,7 +131,7 @@ def write_report(summary: dict, sweep_dir: Path) -> dict[str, Path]:
     paths = {"json": sweep_dir / "sweep.json", "markdown": sweep_dir / "scaling.md",
              "plot": sweep_dir / "scaling.png"}
     tmp = paths["json"].with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(shown, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(finite(shown), indent=2, default=str) + "\n")
     tmp.replace(paths["json"])
     paths["markdown"].write_text(markdown(shown))
     if not plot(shown, paths["plot"]):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -30,18 +31,44 @@ log = logging.getLogger("orchestrator")
 TUNE_DIR = "tune"
 
 
-def sweep_name(config: DictConfig, space: SweepSpace, conf: RayTuneSweeperConf) -> str:
-    if conf.name:
-        return conf.name
-    key = json.dumps({
+IDENTITY = "sweep-identity.json"  # what the sweep in a folder is: a rerun must be the same
+
+
+def sweep_identity(config: DictConfig, space: SweepSpace, conf: RayTuneSweeperConf) -> dict:
+    """What makes two commands the same sweep: the trials, the search, and how many run at
+    once (a rerun with hydra.sweeper.max_concurrent=1 asks for solo figures: a new sweep)."""
+    return json.loads(json.dumps({
         "fixed": sorted(space.fixed),
         "dims": [[d.key, list(d.values), d.low, d.high, d.log, d.integer] for d in space.dimensions],
         "search": [conf.search, conf.num_samples, conf.metric, conf.mode],
         "early_stopping": OmegaConf.to_container(OmegaConf.structured(conf.early_stopping)),
         "seed": config.get("seed"),
-    }, sort_keys=True, default=str)
+        "max_concurrent": conf.max_concurrent,
+    }, sort_keys=True, default=str))
+
+
+def sweep_name(config: DictConfig, space: SweepSpace, conf: RayTuneSweeperConf) -> str:
+    if conf.name:
+        return conf.name
+    key = json.dumps(sweep_identity(config, space, conf), sort_keys=True)
     trainer = OmegaConf.select(config, "trainer.name", default="sweep")
     return f"{trainer}-sweep-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def another_sweep_there(sweep_dir: Path, identity: dict) -> str | None:
+    """The one-line refusal when the folder holds a sweep other than this command's (a
+    hydra.sweep.dir or hydra.sweeper.name given again with other trials): resuming it would
+    run the old trials under the new command's name."""
+    try:
+        before = json.loads((sweep_dir / IDENTITY).read_text())
+    except (OSError, ValueError):
+        return None
+    if before == identity:
+        return None
+    differ = sorted(k for k in identity if before.get(k) != identity[k])
+    return (f"{sweep_dir} holds another sweep (its {', '.join(differ)} differ from this "
+            "command's): give another hydra.sweep.dir (or hydra.sweeper.name), or remove that "
+            "folder to start this sweep there")
 
 
 def sweep_directory(config: DictConfig, name: str) -> Path:
@@ -94,7 +121,12 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     check_search(space, conf.search)
     name = sweep_name(config, space, conf)
     sweep_dir = sweep_directory(config, name)
+    identity = sweep_identity(config, space, conf)
+    if refusal := another_sweep_there(sweep_dir, identity):
+        print_error(refusal)
+        return 2
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / IDENTITY).write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")
     cluster: ClusterConfig = OmegaConf.to_object(config.cluster)  # typed by the schema
     grid = space.grid_size * conf.num_samples if conf.search == "grid" else conf.num_samples
 
@@ -209,6 +241,14 @@ def node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
+# What a trial's report holds besides the run's metrics: the sweep's own figures and Tune's.
+BOOKKEEPING = {"step", "final", "workers", "world_size", "samples_per_s", "restarts", "preemptions",
+               "wall_s", "time_this_iter_s", "time_total_s", "timestamp", "training_iteration",
+               "pid", "time_since_restore", "iterations_since_restore", "done", "trial_id",
+               "date", "hostname", "node_ip", "experiment_tag", "checkpoint_dir_name",
+               "should_checkpoint"}
+
+
 def trial_row(result, space: SweepSpace, default_workers: int, interrupted: bool = False) -> dict:
     metrics = dict(result.metrics or {})
     params = {d.key: result.config[d.key] for d in space.dimensions if d.key in result.config}
@@ -226,7 +266,8 @@ def trial_row(result, space: SweepSpace, default_workers: int, interrupted: bool
     if result.error is not None and status == "failed":
         error = str(result.error).strip().splitlines()[-1][:500]
     path = Path(result.path)
-    keep = {k: v for k, v in metrics.items() if k.startswith(("test_", "train_", "loss"))}
+    keep = {k: v for k, v in metrics.items() if k not in BOOKKEEPING and
+            isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {
         "trial": path.name, "overrides": overrides, "status": status,
         "workers": int(workers), "steps": metrics.get("step"), "metrics": keep,
@@ -241,7 +282,8 @@ def summarize(conf: RayTuneSweeperConf, name: str, sweep_dir: Path, space: Sweep
               rows: list[dict], at_once: int, budget: float, started: float) -> dict:
     for row in rows:
         row["metric"] = row["metrics"].get(conf.metric)
-    done = [r for r in rows if r["status"] == "succeeded" and r["metric"] is not None]
+    done = [r for r in rows if r["status"] == "succeeded" and r["metric"] is not None
+            and math.isfinite(r["metric"])]  # a NaN is never the best
     pick = max if conf.mode == "max" else min
     best = pick(done, key=lambda r: r["metric"]) if done else None
     return {"name": name, "dir": str(sweep_dir), "search": conf.search, "metric": conf.metric,
