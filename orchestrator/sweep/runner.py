@@ -129,6 +129,9 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     (sweep_dir / IDENTITY).write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")
     cluster: ClusterConfig = OmegaConf.to_object(config.cluster)  # typed by the schema
     grid = space.grid_size * conf.num_samples if conf.search == "grid" else conf.num_samples
+    if conf.search != "grid" and conf.num_samples == 1:
+        log.warning("hydra.sweeper.search=%s draws hydra.sweeper.num_samples=1 trial: set "
+                    "num_samples to the trials you want", conf.search)
 
     # Trials import the user's modules (a trainer.fn or _target_ of theirs) from the command's
     # directory, which Ray puts on every process's sys.path (launch.worker_env says why not
