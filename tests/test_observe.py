@@ -82,8 +82,9 @@ def test_progress_line_and_bar():
         "step 220/220 [" + "=" * 20 + "] 100%")
     assert len(bar_line(state, width=40)) <= 39  # never wraps on a narrow terminal
     assert progress_line(ProgressState(step=5)) == "step 5"
-    # A user's script counts no samples: no "0 samples/s"
-    assert progress_line(ProgressState(step=4, world_size=2, samples_per_s=0.0)) == "step 4 | 2 workers"
+    # A user's script counts checkpoints, and no samples: no "0 samples/s"
+    assert progress_line(ProgressState(step=4, world_size=2, samples_per_s=0.0, step_s=0.5),
+                         "checkpoint") == "checkpoint 4 | 2 workers | 0.5 s/checkpoint"
     assert clock(3725) == "1:02:05" and clock(65) == "1:05"
 
 

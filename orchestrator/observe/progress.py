@@ -50,7 +50,7 @@ def metric_text(value: float, spec: str = ".4g") -> str:
     return format(value, spec)
 
 
-def details(state: ProgressState) -> list[str]:
+def details(state: ProgressState, unit: str = "step") -> list[str]:
     """What follows the count, most wanted first (a narrow terminal cuts the end): ETA,
     throughput, workers, the latest metric, step time."""
     parts = []
@@ -64,7 +64,7 @@ def details(state: ProgressState) -> list[str]:
         name, value = next(iter(state.metrics.items()))
         parts.append(f"{name}={metric_text(value)}")
     if state.step_s is not None:
-        parts.append(f"{state.step_s:.3g} s/step")
+        parts.append(f"{state.step_s:.3g} s/{unit}")
     return parts
 
 
@@ -73,7 +73,7 @@ def progress_line(state: ProgressState, unit: str = "step") -> str:
     count = f"{unit} {state.step}/{state.total}" if state.total else f"{unit} {state.step}"
     if state.total:
         count += f" ({100 * state.step // state.total}%)"
-    return " | ".join([count, *details(state)])
+    return " | ".join([count, *details(state, unit)])
 
 
 def bar_line(state: ProgressState, unit: str = "step", width: int = 100) -> str:
@@ -85,7 +85,7 @@ def bar_line(state: ProgressState, unit: str = "step", width: int = 100) -> str:
         head = f"{unit} {state.step}/{state.total} {bar} {100 * state.step // state.total:3d}%"
     else:
         head = f"{unit} {state.step}"
-    return " | ".join([head, *details(state)])[: max(20, width - 1)]
+    return " | ".join([head, *details(state, unit)])[: max(20, width - 1)]
 
 
 class LinesDisplay:
