@@ -67,12 +67,15 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
         ray_head, tmp_path):
     project, storage = user_project(tmp_path), tmp_path / "ckpt"
     cluster = [f"cluster.address={ray_head.address}", "cluster.cpus_per_worker=0.5"]
-    logs = {name: tmp_path / f"ids-{name}" for name in ("straight", "killed", "resized")}
+    logs = {name: tmp_path / f"ids-{name}" for name in ("killed", "resized")}
+    logs["straight"] = project / "ids-straight"  # given relative to the command's folder
     for folder in logs.values():
         folder.mkdir()
 
     # The uninterrupted run goes alongside the killed one (each takes half the head's CPUs).
-    straight = start_run(tmp_path / "straight", *cluster, *job(logs["straight"], storage),
+    # Its model's log_dir is relative (a user's own keyword): its workers start in the
+    # command's folder, as torchrun's do, or its log would not be found there.
+    straight = start_run(tmp_path / "straight", *cluster, *job("ids-straight", storage),
                          "run.name=straight", cwd=project)
 
     # 1. A worker SIGKILLed after the first checkpoint: the same world size resumes from it.

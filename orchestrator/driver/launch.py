@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -210,7 +211,7 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
                       max_restarts=cfg.failure.max_restarts,
                       # A sweep's trials keep no process for a restart (orchestrator/worker/spare.py).
                       spare_after_s=cfg.failure.spare_after_s if spares else None,
-                      code_dir=served_folder())
+                      code_dir=served_folder() or command_folder())
     run_config = RunConfig(
         name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
         storage_path=str(output_dir / "ray_train"),
@@ -247,6 +248,18 @@ def describe_workers(scaling: dict) -> str:
     n = scaling["num_workers"]
     count = f"{n[0]}..{n[1]} workers (elastic)" if isinstance(n, tuple) else f"{n} workers"
     return f"{scaling['resources_per_worker']} * {count}"
+
+
+def command_folder() -> str:
+    """The folder the command ran in: its workers on this node start there, as torchrun's
+    would, so a relative path in a user's own keyword (+data.train.path=files/x.pt) is found.
+    Hydra keeps it for a sweep's trial, which runs in Tune's folder."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return str(HydraConfig.get().runtime.cwd)
+    except ValueError:  # no Hydra run (a test calling launch directly)
+        return os.getcwd()
 
 
 def worker_env(backend: Backend) -> dict[str, str]:

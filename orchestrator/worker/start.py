@@ -35,8 +35,8 @@ class WorkerSpec:
     run_name: str = ""
     max_restarts: int = 0  # failure.max_restarts
     spare_after_s: float | None = None  # failure.spare_after_s; None in a sweep's trials
-    # The command's folder, where a service ran it (orchestrator/service/): its job's processes
-    # started in the folder of the service's first command
+    # The command's folder: its workers on its node start there (Ray starts them in its own;
+    # a service's job's processes in the folder of its first command)
     code_dir: str | None = None
 
     def __repr__(self) -> str:
