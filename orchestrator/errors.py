@@ -29,6 +29,12 @@ def one_line(exc: BaseException | str) -> str:
     Every one-line error text is made here."""
     fallback = type(exc).__name__ if isinstance(exc, BaseException) else "(no message)"
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [fallback]
+    if len(lines) > 2 and lines[0].startswith("Caught ") and lines[1].startswith("Original Trace"):
+        # torch re-raises a DataLoader process's error with its traceback as the message: the
+        # user's own words are its last line ("IndexError: bad row 37")
+        name, last = fallback, lines[-1]
+        last = last[len(name) + 2:] if last.startswith(f"{name}: ") else last
+        return f"{last} (in {lines[0].split(' in ', 1)[-1].rstrip('.')})"
     return " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 

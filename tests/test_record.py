@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from orchestrator.config.schema import ClusterConfig
 from orchestrator.driver.record import REDACTED, RunRecord, redact
 from orchestrator.driver.scaling import cpus_per_worker, scaling_kwargs
@@ -178,3 +180,25 @@ def test_a_repeated_failure_is_one_line_and_one_after_the_last_step_says_trainin
                                         "Traceback", retry=False)).permanent
     assert nan.failure_line().startswith("training failed permanently (NonFiniteLoss is not "
                                          "retried), worker rank 0 at step 50")
+
+
+def test_a_dataloader_process_error_is_the_users_own_words():
+    """torch re-raises a DataLoader process's exception with its traceback as the message; the
+    console's one line said only 'Caught IndexError in DataLoader worker process 1.'."""
+    from torch.utils.data import DataLoader, Dataset
+
+    from orchestrator.errors import one_line
+
+    class Bad(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            if i == 5:
+                raise IndexError("bad row 5")
+            return i
+
+    with pytest.raises(IndexError) as err:
+        list(DataLoader(Bad(), num_workers=1))
+    assert one_line(err.value) == "bad row 5 (in DataLoader worker process 0)"
+    assert one_line(ValueError("plain")) == "plain"
