@@ -27,6 +27,7 @@ from orchestrator.config.schema import register_configs
 from orchestrator.errors import ConfigError, print_error
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+INTERRUPTED_EARLY = "interrupted before training started; nothing was written"
 STARTED_AT = time.time()
 
 register_configs()
@@ -34,13 +35,12 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_app(cfg: DictConfig) -> None:
-    from orchestrator.driver.launch import launch
-
     try:
+        from orchestrator.driver.launch import launch
+
         code = launch(cfg, Path(HydraConfig.get().runtime.output_dir), STARTED_AT)
     except KeyboardInterrupt:  # before training started (Ray's start, the checks): nothing ran
-        print("interrupted before training started; nothing was written", file=sys.stderr,
-              flush=True)
+        print(INTERRUPTED_EARLY, file=sys.stderr, flush=True)
         code = 130
     if code:
         sys.exit(code)
@@ -97,13 +97,20 @@ def run_command(argv: list[str], started_at: float) -> int:
             print_error(str(exc))
             abandon_early()
             return exc.exit_code
-        except BaseException:  # Ctrl-C during the checks
+        except KeyboardInterrupt:  # Ctrl-C during the checks (the trial of the user's parts)
+            abandon_early()
+            print(INTERRUPTED_EARLY, file=sys.stderr, flush=True)
+            return 130
+        except BaseException:
             abandon_early()
             raise
         try:
             hydra_app()
         except SystemExit as done:  # the run's exit code
             code = done.code
+        except KeyboardInterrupt:  # in Hydra's own steps around the run
+            print(INTERRUPTED_EARLY, file=sys.stderr, flush=True)
+            code = 130
         else:
             code = 0
         finally:  # nothing left when the run took the session

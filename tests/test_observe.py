@@ -347,3 +347,40 @@ def test_ray_verbose_brings_rays_lines_back_the_bar_draws_and_ctrl_c_at_the_end_
     assert "\x1b[Kwaiting for the workers to start" in stderr
     assert not (run_dir / "tensorboard").exists() and "metrics: http" not in output
     assert not PROGRESS.search(output)  # the bar instead of lines
+
+
+def processes_in(folder: Path) -> list[str]:
+    """The command lines of the processes working in ``folder`` (Ray's start in it, here)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == str(folder):
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
+def test_ctrl_c_while_ray_starts_is_one_line_and_leaves_no_process(tmp_path):
+    """Ctrl-C as the embedded raylet starts its agents: the raylet stopped mid-start left its
+    dashboard and runtime-env agents running, orphaned, after the command ended (and a Ctrl-C
+    in the background start's wait was a Hydra traceback, exit 1)."""
+    proc = subprocess.Popen(cli_command(tmp_path / "run", "trainer.epochs=1"), cwd=tmp_path,
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.time() + 120
+        while not any("raylet" in c for c in processes_in(tmp_path)) and time.time() < deadline:
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
+    assert "interrupted" in out.splitlines()[-1] or "run record" in out.splitlines()[-1], out
+    deadline = time.time() + 10  # what is stopped may take a moment to go
+    while (left := [c for c in processes_in(tmp_path) if "ray" in c]) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not left, left

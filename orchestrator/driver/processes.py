@@ -44,6 +44,21 @@ def descendants(root: int) -> list[Process]:
     return found
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> None:
+    """Linux: a process of ours whose parent dies is re-parented to this one, not to init, so
+    it stays among descendants() (a Ctrl-C during Ray's start: the raylet stopped while it was
+    starting its agents, which then ran on, orphaned, after the command)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def running(proc: Process) -> bool:
     fields = _stat(proc[0])
     return fields is not None and int(fields[19]) == proc[1] and fields[0] != "Z"

@@ -13,7 +13,12 @@ import ray
 
 from orchestrator.config.schema import ClusterConfig
 from orchestrator.driver.interrupts import DeferredInterrupt
-from orchestrator.driver.processes import descendants, kill_descendants, stop_leftovers
+from orchestrator.driver.processes import (
+    adopt_orphans,
+    descendants,
+    kill_descendants,
+    stop_leftovers,
+)
 from orchestrator.errors import ConfigError
 from orchestrator.observe.logs import quiet_ray_loggers, ray_init_kwargs
 from orchestrator.ray_internals.cluster import (
@@ -160,7 +165,11 @@ class RaySession:
 
     def __enter__(self) -> RaySession:
         if self._started is not None:
-            self._started.wait()
+            try:
+                self._started.wait()
+            except (KeyboardInterrupt, RuntimeError):  # Ctrl-C while Ray starts (inside the
+                self.abandon()  # wait's lock it surfaces as "release unlocked lock")
+                raise KeyboardInterrupt from None
             if self._start_error is not None:
                 self._closed.set()
                 raise self._start_error
@@ -187,6 +196,7 @@ class RaySession:
             quiet["runtime_env"]["env_vars"] = {**self.env_vars, "RAY_ADDRESS": address}
             context = self.start(address=address, **quiet)
         else:
+            adopt_orphans()  # what Ray starts stays ours to stop, whatever dies first
             # The workers' output is streamed only where it is shown (a service serves only
             # commands of its own log.ray_verbose).
             with embedded_head(log_monitor=self.verbose):
@@ -230,6 +240,8 @@ class RaySession:
             if not self.joined:
                 stop_autoscaler_monitor()
             ray.shutdown()
+            if not self.joined:  # and what was started meanwhile, orphaned to us since
+                ours = sorted(set(ours) | set(descendants(os.getpid())))
             stop_leftovers(ours, LEFTOVER_GRACE_S)
         self._closed.set()  # the background start's thread may end now
         self.interrupted = guard.seen
