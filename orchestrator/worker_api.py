@@ -44,7 +44,7 @@ import numpy as np
 from orchestrator.checkpoint.committer import Committed, Committer
 from orchestrator.checkpoint.policy import CheckpointPolicy
 from orchestrator.checkpoint.retry import Backoff
-from orchestrator.checkpoint.store import MANIFEST, CheckpointStore
+from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, SameFileFromTwoRanks
 from orchestrator.data.order import DataOrder, step_seed
 from orchestrator.errors import one_line
 from orchestrator.observe.step_reports import StepReports
@@ -165,6 +165,12 @@ def matching(patterns: Iterable[str]) -> Callable[[str], bool]:
     return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+class CheckpointsCannotCommit(RuntimeError):
+    """No checkpoint of the run can commit (two ranks write the same file): not retried."""
+
+    retry = False
+
+
 # -- the context -------------------------------------------------------------------------
 class WorkerContext:
     """One per worker, built by the orchestrator before your function is called."""
@@ -205,6 +211,7 @@ class WorkerContext:
         self._store = CheckpointStore(spec.run_storage)
         self._staging = start.staging
         self._uncommitted: dict[int, str] = {}  # step -> why this rank's part never arrived
+        self._never_commits: str | None = None  # why no checkpoint of the run can commit
         self._committer = Committer(
             self._store, rank, world_size, start.attempt, spec.checkpoint.async_upload,
             on_commit=self._committed, on_failure=self._not_committed,
@@ -270,6 +277,7 @@ class WorkerContext:
         ``torch.distributed.checkpoint.async_save``'s) that finishes the files in the
         background: the upload starts once it resolves, and a future that raises leaves the
         checkpoint uncommitted."""
+        self._stop_if_nothing_commits()
         if step <= self._last_saved:
             return
         self._last_saved = step
@@ -293,6 +301,7 @@ class WorkerContext:
         curves; values may be tensors, read only when reported), and, about every
         failure.preemption_check_s, the workers' agreement on preemption notices."""
         self._step = step
+        self._stop_if_nothing_commits()
         self._announce()
         self._policy.start(time.monotonic())
         final = self._total is not None and step >= self._total
@@ -484,8 +493,18 @@ class WorkerContext:
             self._spec.recorder.warning.remote(
                 f"retention after the checkpoint at step {ref.step} failed: {one_line(exc)[:200]}")
 
+    def _stop_if_nothing_commits(self) -> None:
+        """A checkpoint refused for what every checkpoint of the run would do: stop now, not
+        after hours of training that no checkpoint keeps (and not retried: it would again)."""
+        if self._never_commits is not None:
+            raise CheckpointsCannotCommit(self._never_commits)
+
     def _not_committed(self, step: int, exc: Exception) -> None:
         self._uncommitted[step] = one_line(exc)[:200]
+        if isinstance(exc, SameFileFromTwoRanks):  # the write function's doing: no later
+            self._never_commits = f"the checkpoint at step {step} was not committed: " \
+                f"{self._uncommitted[step]}; no checkpoint of this run can be (each rank must " \
+                "write files of its own names, or none)"  # checkpoint can commit either
         self._spec.recorder.warning.remote(
             f"checkpoint at step {step} was not committed (rank {self.rank}): "
             f"{self._uncommitted[step]}")

@@ -259,3 +259,24 @@ def test_a_final_checkpoint_that_never_commits_is_not_a_success(tmp_path):
     life.close()
     assert life.last_checkpoint_missing() == (
         "the checkpoint at step 12 was not committed: SlowDown: try later")
+
+
+def test_a_checkpoint_no_later_one_could_commit_stops_the_run_at_once(tmp_path):
+    """Two ranks writing the same file (a user's save without `if ctx.rank == 0`): each
+    checkpoint was refused with a warning and the run trained to its end, then failed."""
+    from orchestrator.checkpoint.store import SameFileFromTwoRanks
+    from orchestrator.worker_api import CheckpointsCannotCommit
+
+    ctx = context(tmp_path)
+    ctx._store.commit = lambda *a, **k: (_ for _ in ()).throw(
+        SameFileFromTwoRanks("ranks 0 and 1 both wrote 'model.pt' into the checkpoint at step 2"))
+    ctx.step_done(1)
+    ctx.step_done(2)
+    ctx.save(2, lambda d: (d / "model.pt").write_text("2"))
+    ctx._flush()
+    with pytest.raises(CheckpointsCannotCommit, match=r"step 2 was not committed: ranks 0 and 1 "
+                                                      r"both wrote 'model.pt'.*no checkpoint of "
+                                                      r"this run can be") as err:
+        ctx.step_done(3)
+    assert err.value.retry is False  # a restart would meet the same refusal
+    ctx._close()

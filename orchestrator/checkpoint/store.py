@@ -50,6 +50,10 @@ class CorruptCheckpoint(RuntimeError):
     pass
 
 
+class SameFileFromTwoRanks(CorruptCheckpoint):
+    """Two ranks' write() made the same file: every later checkpoint of the run would too."""
+
+
 class CheckpointUnreachable(RuntimeError):
     """A committed checkpoint could not be read for a reason of the disk, the network or the
     credentials, not of its content: older ones would fail alike, down to a silent step 0.
@@ -457,7 +461,7 @@ class CheckpointStore:
             listed_files(parts[rank], f"rank {rank}'s part record of step {step}")
             for name, entry in parts[rank]["files"].items():
                 if name in files:
-                    raise CorruptCheckpoint(f"ranks {files[name]['rank']} and {rank} both wrote "
+                    raise SameFileFromTwoRanks(f"ranks {files[name]['rank']} and {rank} both wrote "
                                             f"{name!r} into the checkpoint at step {step}")
                 files[name] = {**entry, "rank": rank}
         ref = self.ref(step)
