@@ -501,10 +501,11 @@ class WorkerContext:
 
     def _not_committed(self, step: int, exc: Exception) -> None:
         self._uncommitted[step] = one_line(exc)[:200]
-        if isinstance(exc, SameFileFromTwoRanks):  # the write function's doing: no later
+        # The write function's doing: no later checkpoint can commit either.
+        if isinstance(exc, SameFileFromTwoRanks):
             self._never_commits = f"the checkpoint at step {step} was not committed: " \
                 f"{self._uncommitted[step]}; no checkpoint of this run can be (each rank must " \
-                "write files of its own names, or none)"  # checkpoint can commit either
+                "write files of its own names, or none)"
         self._spec.recorder.warning.remote(
             f"checkpoint at step {step} was not committed (rank {self.rank}): "
             f"{self._uncommitted[step]}")
