@@ -116,6 +116,54 @@ def test_a_metric_that_is_not_one_number_is_named_by_the_trial(monkeypatch):
         check_training(trainer, data)
 
 
+def test_a_model_with_fewer_outputs_than_classes_is_named_before_ray_and_not_retried():
+    from trainers.pytorch.parts import ClassBeyondOutputs
+
+    trainer, data = job("classification", "tuple", with_metrics=None)
+    narrow = {"_target_": "torch.nn.Linear", "in_features": 4, "out_features": 2}
+    # Items 0 and 1 are classes 2 and 0: the driver's trial meets class 2.
+    with pytest.raises(ConfigError, match=r"^trainer.model: the model gives 2 outputs a row, but "
+                       r"a target in this batch is class 2: trainer.model needs one output per "
+                       r"class \(at least 3\) \(Target 2 is out of bounds.\)$"):
+        check_training({**trainer, "model": narrow}, data)
+    # A class the trial's two items lack, met by a worker: said as plainly, and not retried.
+    step = build_step({"loss": None, "step_fn": None}, "classification")
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(ClassBeyondOutputs, match=r"gives 2 outputs a row, but a target in this "
+                       r"batch is class 5") as err:
+        step(model, (torch.zeros(3, 4), torch.tensor([0, 5, 1])))
+    assert err.value.retry is False
+
+
+def test_a_scheduler_stepped_with_a_metric_is_refused_by_the_trial():
+    trainer, data = job("classification", "tuple", with_metrics=None)
+    plateau = {"_target_": "torch.optim.lr_scheduler.ReduceLROnPlateau"}
+    with pytest.raises(ConfigError, match=r"^trainer.scheduler: ReduceLROnPlateau.step\(\) needs "
+                       r"metrics, but the run steps its scheduler after every optimizer step with "
+                       r"no argument"):
+        check_training({**trainer, "scheduler": plateau}, data)
+    steps = {"_target_": "torch.optim.lr_scheduler.StepLR", "step_size": 5}
+    check_training({**trainer, "scheduler": steps}, data)  # a schedule of steps passes
+
+
+def test_what_the_default_step_would_do_silently_with_the_items_is_said(caplog):
+    trainer, data = job("classification", "weighted", with_metrics=None)
+    with caplog.at_level("WARNING", logger="trainers.pytorch.check"):
+        check_training({**trainer, "batch_size": 64}, data)
+    said = [r.getMessage() for r in caplog.records if r.name == "trainers.pytorch.check"]
+    assert said == [
+        "data.train holds 24 items, fewer than one global batch (trainer.batch_size=64): every "
+        "step trains on all 24",
+        "data.train's items have 3 parts: the default step takes the first as the inputs and "
+        "the second as the target, and ignores the rest (a sample weight too); give "
+        "trainer.step_fn to use them"]
+    caplog.clear()
+    trainer, data = job("classification", "tuple", with_metrics=None)
+    with caplog.at_level("WARNING", logger="trainers.pytorch.check"):
+        check_training(trainer, data)  # 24 items, batches of 8, (x, y): nothing to say
+    assert not [r for r in caplog.records if r.name == "trainers.pytorch.check"]
+
+
 TRIAL_WITHOUT_DYNAMO = """
 import sys, json
 sys.path.insert(0, {tests!r}); sys.path.insert(0, {project!r})

@@ -5,6 +5,7 @@ start-up, or after the last training step."""
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 
 import torch
@@ -19,9 +20,12 @@ from trainers.pytorch.parts import (
     build_optimizer,
     build_scheduler,
     build_step,
+    classes_beyond_outputs,
     metric_names,
 )
 from trainers.pytorch.tasks import MetricSums, fitted, split_batch
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -62,7 +66,7 @@ def check_targets(cfg: dict) -> None:
                               f"{type(exc).__name__}: {one_line(exc)[:240]}") from None
 
 
-def tiny_batch(dcfg: dict):
+def tiny_batch(dcfg: dict, tcfg: dict):
     """Two items of the training data, batched as the workers will (tabular data: two rows of
     the configured width)."""
     if dcfg["name"] != "torch":
@@ -74,11 +78,24 @@ def tiny_batch(dcfg: dict):
         items = [train[i] for i in range(min(2, len(train)))]
         if not items:
             raise ValueError("the dataset is empty")
+        say_what_the_items_mean(len(train), items[0], tcfg)
     with named("data.eval", "building it and reading item 0: "):
         held_out = instantiate(dict(dcfg["eval"]), _convert_="all")
         held_out[0], len(held_out)
     with named("data.collate_fn", "batching two items of data.train: "):
         return collate_function(dcfg.get("collate_fn"))(items)
+
+
+def say_what_the_items_mean(size: int, item, tcfg: dict) -> None:
+    """What the run would do silently with the user's data: a warning line, not a refusal."""
+    batch = int(tcfg.get("batch_size") or 0)
+    if 0 < size < batch:
+        log.warning("data.train holds %d items, fewer than one global batch "
+                    "(trainer.batch_size=%d): every step trains on all %d", size, batch, size)
+    if isinstance(item, (tuple, list)) and len(item) > 2 and not given(tcfg.get("step_fn")):
+        log.warning("data.train's items have %d parts: the default step takes the first as the "
+                    "inputs and the second as the target, and ignores the rest (a sample "
+                    "weight too); give trainer.step_fn to use them", len(item))
 
 
 def check_parts(cfg: dict) -> list[str] | None:
@@ -118,7 +135,7 @@ def trial(cfg: dict) -> list[str] | None:
         model = build_model(tcfg)
     with named("trainer.step_fn" if given(tcfg.get("step_fn")) else "trainer.loss", "building it: "):
         step = build_step(tcfg, task)
-    batch = to_device(tiny_batch(dcfg), device)
+    batch = to_device(tiny_batch(dcfg, tcfg), device)
     if dcfg["name"] == "torch" and not meta:
         check_finite_items(batch, dcfg)
     metrics: dict = {}  # the default step reports the loss alone while training
@@ -132,7 +149,12 @@ def trial(cfg: dict) -> list[str] | None:
         with named("trainer.model", "its forward on a batch of data.train failed: "):
             output = fitted(model(inputs), target, task)
         with named("trainer.loss", "on the model's output and the target: "):
-            loss = step.loss_fn(output, target)
+            try:
+                loss = step.loss_fn(output, target)
+            except IndexError as exc:
+                if (beyond := classes_beyond_outputs(exc, output, target)) is exc:
+                    raise
+                raise ConfigError(f"trainer.model: {beyond}") from None
         key = "trainer.loss"
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -144,11 +166,31 @@ def trial(cfg: dict) -> list[str] | None:
         optimizer.step()
     with named("trainer.scheduler", "building it on the optimizer: "):
         scheduler = build_scheduler(tcfg, optimizer)
-        if scheduler is not None:
+    if scheduler is not None:
+        check_stepped_alone(scheduler)
+        with named("trainer.scheduler", "stepping it after the optimizer's step: "):
             scheduler.step()
     if meta:
         return None
     return evaluation(tcfg, task, step, model, batch) + ["loss", *metrics]
+
+
+def check_stepped_alone(scheduler) -> None:
+    """The run steps its scheduler after every optimizer step, with no argument: one that
+    needs a metric (ReduceLROnPlateau) would fail at the first step."""
+    import inspect
+
+    try:
+        needed = [p.name for p in inspect.signature(scheduler.step).parameters.values()
+                  if p.default is inspect.Parameter.empty
+                  and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # no signature to read: stepping it will say
+        return
+    if needed:
+        raise ConfigError(
+            f"trainer.scheduler: {type(scheduler).__name__}.step() needs {', '.join(needed)}, "
+            "but the run steps its scheduler after every optimizer step with no argument: use "
+            "a schedule of steps (CosineAnnealingLR, OneCycleLR, StepLR, LambdaLR, ...)")
 
 
 def evaluation(tcfg: dict, task: str, step: Step, model, batch) -> list[str]:

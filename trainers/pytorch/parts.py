@@ -78,7 +78,10 @@ class Step:
     def forward(self, model: nn.Module, batch: Any):
         inputs, target = split_batch(batch)
         output = fitted(model(inputs), target, self.task)
-        return self.loss_fn(output, target), output, target
+        try:
+            return self.loss_fn(output, target), output, target
+        except IndexError as exc:  # cross entropy's "Target 7 is out of bounds." (on CPU)
+            raise classes_beyond_outputs(exc, output, target) from exc
 
     def measure(self, model: nn.Module, batch: Any, sums: MetricSums, weight: float = 1.0) -> None:
         """A held-out batch's part of the metrics: the workers' evaluation and the driver's
@@ -89,6 +92,24 @@ class Step:
         else:
             loss, output, target = self.forward(model, batch)
             sums.add(output.float(), target, loss, weight)
+
+
+class ClassBeyondOutputs(IndexError):
+    """A label the model's output has no column for: every restart would meet it again."""
+
+    retry = False
+
+
+def classes_beyond_outputs(exc: IndexError, output: torch.Tensor, target: torch.Tensor):
+    """Torch's message, with what it means for the user's model where that is plain."""
+    if output.dim() < 2 or target.is_floating_point() or not target.numel():
+        return exc
+    width, largest = output.shape[-1], int(target.max())
+    if largest < width:
+        return exc
+    return ClassBeyondOutputs(
+        f"the model gives {width} outputs a row, but a target in this batch is class {largest}: "
+        f"trainer.model needs one output per class (at least {largest + 1}) ({exc})")
 
 
 def build_step(tcfg: dict, task: str) -> Step:

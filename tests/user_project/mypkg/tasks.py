@@ -13,7 +13,8 @@ KEYS = {"classification": ("image", "label"), "regression": ("inputs", "target")
 
 
 class Items(Dataset):
-    """Seeded items: (features, class), (features, number) or (tokens, next tokens)."""
+    """Seeded items: (features, class), (features, number) or (tokens, next tokens); form
+    "weighted" adds a sample weight as a third part."""
 
     def __init__(self, task: str, form: str = "tuple", size: int = 24, seed: int = 0):
         self.task, self.form = task, form
@@ -33,6 +34,8 @@ class Items(Dataset):
         if self.form == "dict":
             x, y = KEYS[self.task]
             return {x: self.x[index], y: self.y[index]}
+        if self.form == "weighted":
+            return self.x[index], self.y[index], torch.tensor(1.0)
         return self.x[index], self.y[index]
 
 
