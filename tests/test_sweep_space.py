@@ -223,3 +223,22 @@ def test_a_trials_own_metrics_reach_the_record_and_a_nan_is_never_best(tmp_path)
     assert summary["best"]["trial"] == "t1"  # the NaN trial came first
     written = json.loads((write_report(summary, tmp_path)["json"]).read_text())
     assert written["trials"][0]["metric"] is None  # strict JSON: null, not NaN
+
+
+def test_trials_on_gpus_run_no_more_at_once_than_the_gpus_hold():
+    """A trial left waiting for a GPU would fail at cluster.placement_timeout_s."""
+    from orchestrator.config.schema import ClusterConfig
+    from orchestrator.sweep.config import RayTuneSweeperConf
+    from orchestrator.sweep.runner import concurrency, most_gpus_a_trial_asks
+
+    conf = RayTuneSweeperConf()
+    space = build_space(["cluster.workers=1,2", "cluster.gpus_per_worker=1", "trainer.lr=0.1,0.2"],
+                        {})
+    need = most_gpus_a_trial_asks(ClusterConfig(), space)
+    assert need == 2.0  # the 2-worker trials, one GPU each
+    assert concurrency(conf, 16, 4, total_gpus=4, gpus_a_trial=need) == 2
+    assert concurrency(conf, 16, 4, total_gpus=1, gpus_a_trial=need) == 1  # one at a time
+    assert concurrency(conf, 16, 4) == 4  # CPU trials: as before
+    cpu_only = build_space(["cluster.workers=1,2,4"], {})
+    assert most_gpus_a_trial_asks(ClusterConfig(), cpu_only) == 0.0
+    assert most_gpus_a_trial_asks(ClusterConfig(gpus_per_worker=1), cpu_only) == 4.0

@@ -257,6 +257,10 @@ class RaySession:
         return float(ray.cluster_resources().get("CPU", 1.0))
 
     @staticmethod
+    def total_gpus() -> float:
+        return float(ray.cluster_resources().get("GPU", 0.0))
+
+    @staticmethod
     def metrics_url() -> str | None:
         """The Prometheus endpoint of this node's Ray metrics agent (where the recorder's
         metrics are exported), or None when metrics collection is off."""

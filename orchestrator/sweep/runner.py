@@ -79,11 +79,41 @@ def sweep_directory(config: DictConfig, name: str) -> Path:
     return (base if given else base / name).resolve()
 
 
-def concurrency(conf: RayTuneSweeperConf, total_cpus: float, trials: int | None) -> int:
+def concurrency(conf: RayTuneSweeperConf, total_cpus: float, trials: int | None,
+                total_gpus: float = 0.0, gpus_a_trial: float = 0.0) -> int:
     """The cap on trials at once: hydra.sweeper.max_concurrent, else one per CPU (at least 2,
-    at most 4; a trial spends most of its first seconds starting processes, not computing)."""
+    at most 4; a trial spends most of its first seconds starting processes, not computing).
+    Trials that use GPUs: no more at once than the cluster's GPUs hold, the largest trial's
+    worth each (a trial left waiting for a GPU would fail at cluster.placement_timeout_s)."""
     cap = conf.max_concurrent or min(4, max(2, int(total_cpus)))
+    if gpus_a_trial > 0:
+        cap = min(cap, max(1, int(total_gpus // gpus_a_trial)))
     return max(1, min(cap, trials)) if trials else cap
+
+
+def most_gpus_a_trial_asks(cluster: ClusterConfig, space: SweepSpace) -> float:
+    """cluster.workers x cluster.gpus_per_worker at their largest over the trials (each key's
+    largest value: a bound, not a trial's own sum)."""
+
+    def largest(key: str, default: float) -> float:
+        values: list = [default]
+        for line in space.fixed:
+            given, _, value = line.partition("=")
+            if given.lstrip("+~") == key:
+                values = [value]
+        for dim in space.dimensions:
+            if dim.key == key:
+                values = list(dim.values) if dim.discrete else [dim.high]
+        numbers = []
+        for value in values:
+            try:
+                numbers.append(float(value))
+            except (TypeError, ValueError):  # an interpolation: its own default stands
+                numbers.append(default)
+        return max(numbers)
+
+    return largest("cluster.workers", cluster.workers) * \
+        largest("cluster.gpus_per_worker", cluster.gpus_per_worker)
 
 
 def search_algorithm(conf: RayTuneSweeperConf, seed: int, at_once: int):
@@ -146,7 +176,8 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
             log.info("Ray dashboard: %s (%s)", session.dashboard_url,
                      session.dashboard_token_hint())
         total = session.total_cpus()
-        at_once = concurrency(conf, total, grid)
+        at_once = concurrency(conf, total, grid, session.total_gpus(),
+                              most_gpus_a_trial_asks(cluster, space))
         budget = round(total / at_once, 3)  # CPUs per trial, shared by its workers
         ctx = TrialContext(hydra_context, config, Singleton.get_state(), space, str(sweep_dir),
                            name, conf.metric, budget,
