@@ -199,3 +199,32 @@ def test_a_failed_rank_is_one_line_from_torchs_error_file_else_its_stderr(tmp_pa
         {"message": {"message": "ValueError: bad shape\nTraceback...\nValueError: bad shape",
                      "extraInfo": {}}}))
     assert proc.failure(-9) == "rank 1's script killed by SIGKILL: ValueError: bad shape"
+
+
+def test_a_sweeps_trial_shares_its_cpus_among_the_workers_torchruns_flags_ask_for(tmp_path):
+    """A trial's CPU budget is cut per worker once the trainer has sized the run: with
+    --nproc-per-node=4, a quarter each, not half (the default cluster.workers=2)."""
+    from types import SimpleNamespace
+
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.singleton import Singleton
+    from hydra.types import RunMode
+
+    from orchestrator.cli import CONF_DIR
+    from orchestrator.sweep.space import build_space
+    from orchestrator.sweep.trial import TrialContext, compose_trial
+
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    fixed = ["trainer=script", f"trainer.workdir={tmp_path}",
+             "trainer.command='torchrun --nproc-per-node=4 t.py'"]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration("config", fixed + ["seed=0,1"], RunMode.MULTIRUN)
+        space = build_space([*fixed, "seed=0,1"], {})
+        ctx = TrialContext(SimpleNamespace(config_loader=loader), master, Singleton.get_state(),
+                           space,
+                           str(tmp_path / "sweep"), "s", "loss", cpu_budget=1.0, run_name="s",
+                           command_dir=str(tmp_path))
+        cfg = compose_trial(ctx, {"seed": "1"}, "t1")
+    assert (cfg.cluster.workers, cfg.cluster.cpus_per_worker, cfg.seed) == (4, 0.25, 1)

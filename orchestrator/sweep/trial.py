@@ -47,6 +47,8 @@ def compose_trial(ctx: TrialContext, params: dict, trial_id: str) -> DictConfig:
     sweep keeps."""
     from hydra.core.singleton import Singleton
 
+    from orchestrator.worker.training_function import cluster_keys_given, size_cluster
+
     Singleton.set_state(ctx.singleton_state)
     overrides = ctx.space.overrides(params)
     cfg = ctx.hydra_context.config_loader.load_sweep_config(ctx.master_config, overrides)
@@ -54,6 +56,9 @@ def compose_trial(ctx: TrialContext, params: dict, trial_id: str) -> DictConfig:
         cfg.hydra.sweep.dir = ctx.sweep_dir
         cfg.hydra.sweep.subdir = trial_id
         cfg.hydra.job.id = trial_id
+        # A trainer that sizes the run from its own keys (torchrun's flags of trainer=script)
+        # does so before the share is cut: the share is per worker.
+        size_cluster(cfg, cluster_keys_given(overrides))
         if cfg.cluster.cpus_per_worker is None:  # concurrent trials share the cluster evenly
             cfg.cluster.cpus_per_worker = cpu_share(ctx.cpu_budget, cfg.cluster.workers)
         cfg.run.name = f"{ctx.run_name}-{trial_id}"  # trials differ: each its own checkpoints
