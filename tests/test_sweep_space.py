@@ -242,3 +242,24 @@ def test_trials_on_gpus_run_no_more_at_once_than_the_gpus_hold():
     cpu_only = build_space(["cluster.workers=1,2,4"], {})
     assert most_gpus_a_trial_asks(ClusterConfig(), cpu_only) == 0.0
     assert most_gpus_a_trial_asks(ClusterConfig(gpus_per_worker=1), cpu_only) == 4.0
+
+
+def test_after_ctrl_c_a_trial_that_had_failed_on_its_own_still_shows_failed(tmp_path):
+    from types import SimpleNamespace
+
+    from orchestrator.sweep.runner import trial_row
+
+    space = build_space(["trainer.lr=0.1,0.2,0.3"], {})
+    runs = {"t0": {"status": "succeeded"}, "t1": {"status": "failed", "error": "boom at step 3"},
+            "t2": {"status": "interrupted"}}
+    results = []
+    for i, (trial, run) in enumerate(runs.items()):
+        (tmp_path / trial).mkdir()
+        (tmp_path / trial / "run.json").write_text(json.dumps(run))
+        results.append(SimpleNamespace(
+            metrics={"final": True} if i == 0 else {"step": 3}, config={"trainer.lr": f"0.{i + 1}"},
+            error=None if i == 0 else RuntimeError("trial stopped"),
+            path=str(tmp_path / "tune" / trial)))
+    rows = [trial_row(r, space, 2, interrupted=True) for r in results]
+    assert [r["status"] for r in rows] == ["succeeded", "failed", "interrupted"]
+    assert rows[1]["error"] == "trial stopped" and rows[2]["error"] is None

@@ -25,7 +25,7 @@ from orchestrator.sweep.config import RayTuneSweeperConf
 from orchestrator.sweep.metric import needs_metric
 from orchestrator.sweep.report import write_report
 from orchestrator.sweep.space import SweepSpace, build_space, check_search, tune_space
-from orchestrator.sweep.trial import TrialContext, run_trial
+from orchestrator.sweep.trial import TrialContext, read_record, run_trial
 
 log = logging.getLogger("orchestrator")
 TUNE_DIR = "tune"
@@ -287,19 +287,21 @@ def trial_row(result, space: SweepSpace, default_workers: int, interrupted: bool
     metrics = dict(result.metrics or {})
     params = {d.key: result.config[d.key] for d in space.dimensions if d.key in result.config}
     overrides = [d.override(params[d.key]) for d in space.dimensions if d.key in params]
+    path = Path(result.path)
+    run = read_record(path.parents[1] / path.name / "run.json") or {}
     if metrics.get("final"):
         status = "succeeded"
-    elif interrupted:
+    elif interrupted and run.get("status") != "failed":
         status = "interrupted"  # stopped by the user's Ctrl-C (its error, if any, is that)
-    elif result.error is not None:
-        status = "failed"
+    elif result.error is not None or run.get("status") == "failed":
+        status = "failed"  # a run that failed on its own before the Ctrl-C too
     else:
         status = "stopped early"  # the scheduler ended it at its last reported step
     workers = params.get("cluster.workers", metrics.get("workers", default_workers))
     error = None
-    if result.error is not None and status == "failed":
-        error = str(result.error).strip().splitlines()[-1][:500]
-    path = Path(result.path)
+    if status == "failed":
+        error = (str(result.error).strip().splitlines()[-1] if result.error is not None
+                 else str(run.get("error")))[:500]
     keep = {k: v for k, v in metrics.items() if k not in BOOKKEEPING and
             isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {
