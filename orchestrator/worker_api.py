@@ -112,6 +112,11 @@ class Batches:
     def global_batch(self) -> int:
         return self._order.global_batch
 
+    @property
+    def rows_a_step(self) -> int:
+        """The rows every step trains on: the global batch, or all of data smaller than one."""
+        return min(self._order.global_batch, self._order.num_rows)
+
     def rows(self, step: int) -> np.ndarray:
         """This rank's row indices of the global batch at ``step``."""
         return self._order.shard(step, self._rank, self._world)

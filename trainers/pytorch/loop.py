@@ -107,7 +107,10 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     evaluate = Evaluation(ctx, module, step_fn, eval_set, collate, metric_names(tcfg, task),
                           precision, tcfg.get("micro_batch_size") or batch_size, workers, device,
                           batches if ctx.streamed else None)
-    scale = ctx.world_size / batch_size
+    # Each micro-batch's mean loss weighs its rows out of the step's: the gradient is the
+    # mean over the rows the step trains on (all of them, for data smaller than one batch).
+    step_rows = plan.batches.rows_a_step
+    scale = ctx.world_size / step_rows
     watch = LossWatch(bool(tcfg.get("allow_nonfinite_loss")), device)
 
     model.train()
@@ -131,7 +134,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         if scheduler is not None:
             scheduler.step()
         reported = {"loss": loss_sum / max(rows, 1), **{k: v / max(rows, 1) for k, v in means.items()}}
-        ctx.step_done(step + 1, reported, samples=batch_size)
+        ctx.step_done(step + 1, reported, samples=step_rows)
         if rows:  # a rank given only padding this step has no loss of its own
             watch.see(step + 1, reported["loss"])
         if ctx.should_evaluate(step + 1):

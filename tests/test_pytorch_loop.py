@@ -1,0 +1,99 @@
+"""The PyTorch trainer's loop in this process, one rank, no Ray: what its update and its held-out
+metrics are, against the same computed by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainers.pytorch.loop as loop
+from orchestrator.data.order import DataOrder, step_seed
+from orchestrator.worker_api import Batches
+
+
+@pytest.fixture(autouse=True)
+def one_cpu_rank(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "user_project"))
+    monkeypatch.setattr(loop.ray.train.torch, "get_device", lambda: torch.device("cpu"))
+
+
+class OneRank:
+    """What the loop asks of its worker context, for rank 0 of 1."""
+
+    seed, rank, world_size, start_step, streamed, total_steps = 0, 0, 1, 0, False, None
+
+    def __init__(self):
+        self.reports, self.evaluations = [], []
+
+    def restore(self, files=None):
+        return None
+
+    def batches(self, num_rows, global_batch):
+        return Batches(DataOrder(self.seed, num_rows, global_batch), self.rank, self.world_size)
+
+    def step_seed(self, step):
+        return step_seed(self.seed, step, self.rank)
+
+    def step_done(self, step, metrics, samples=0):
+        self.reports.append((step, samples, {k: float(v) for k, v in metrics.items()}))
+
+    def should_evaluate(self, step):
+        return step == self.total_steps
+
+    def eval_done(self, step, metrics):
+        self.evaluations.append(metrics)
+
+    def should_save(self, step):
+        return False
+
+    def should_preempt(self):
+        return False
+
+
+def trainer(**keys) -> dict:
+    return {"name": "ddp", "parallel": "ddp", "backend": "torch",
+            "model": {"_target_": "torch.nn.Linear", "in_features": 4, "out_features": 3},
+            "loss": {"_target_": None}, "step_fn": {"_target_": None},
+            "optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 1.0},
+            "scheduler": {"_target_": None}, "metrics": None, "batch_size": 8,
+            "micro_batch_size": None, "precision": "32", "grad_clip": None,
+            "allow_nonfinite_loss": False, "epochs": 1, "max_steps": None,
+            "release_host_memory": None, "fsdp": {}, **keys}
+
+
+def items(task="classification", size=24, **keys) -> dict:
+    node = {"_target_": "mypkg.tasks.Items", "task": task, "size": size, **keys}
+    return {"name": "torch", "task": task, "train": node, "eval": {**node, "seed": 1},
+            "collate_fn": {"_target_": None}, "num_workers": 0}
+
+
+def trained(monkeypatch, cfg: dict) -> tuple[torch.nn.Module, torch.nn.Module, OneRank]:
+    """The model the loop trained, a copy of it before, and what it reported."""
+    import copy
+
+    built = {}
+    build = loop.build_model
+
+    def keep(tcfg):
+        built["model"] = build(tcfg)
+        built["before"] = copy.deepcopy(built["model"])
+        return built["model"]
+
+    monkeypatch.setattr(loop, "build_model", keep)
+    ctx = OneRank()
+    loop.main(ctx, cfg)
+    return built["model"], built["before"], ctx
+
+
+def test_data_smaller_than_one_global_batch_steps_by_the_mean_gradient_of_its_rows(monkeypatch):
+    from mypkg.tasks import Items
+
+    model, before, ctx = trained(monkeypatch, {"trainer": trainer(batch_size=64, max_steps=1),
+                                               "data": items(size=24)})
+    data = Items("classification", size=24)
+    torch.nn.functional.cross_entropy(before(data.x), data.y).backward()
+    # SGD, lr 1: the update is minus the mean gradient over the 24 rows, not 24/64 of it
+    assert torch.allclose(model.weight - before.weight, -before.weight.grad, atol=1e-6)
+    assert ctx.reports[0][1] == 24  # samples the step trained on
