@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils.data import default_collate
 
 from orchestrator.config.schema import DataConfig
@@ -168,6 +169,7 @@ TRIAL_WITHOUT_DYNAMO = """
 import sys, json
 sys.path.insert(0, {tests!r}); sys.path.insert(0, {project!r})
 import torch
+import torch.nn.functional as F
 from test_pytorch_tasks import job
 from orchestrator.worker.training_function import check_training
 import trainers.pytorch.check as check
@@ -218,6 +220,7 @@ def test_the_driver_trial_imports_no_dynamo_unless_the_parts_compile(models, imp
 STAND_IN_HANDS_OVER = """
 import sys, json, importlib
 import torch
+import torch.nn.functional as F
 from torch import nn
 from trainers.pytorch.dynamo_stand_in import install
 stand_in = install()
@@ -261,3 +264,37 @@ def test_the_stand_in_hands_over_to_the_real_dynamo_as_if_it_had_been_there():
     assert result["after"] == "module" and result["same_config"]
     assert result["marked_by_real"] == [True, True, True]
     assert result["compiled"] == [3.0, 3.0] and result["finder_left"] == 0
+
+
+def test_held_out_metrics_read_binary_outputs_padding_tokens_and_several_targets():
+    from trainers.pytorch.parts import build_step
+
+    # One logit a row (BCEWithLogitsLoss): class 1 above 0; a probability (BCELoss): above 0.5.
+    target = torch.tensor([0.0, 1.0, 1.0, 0.0])
+    for loss, output in [("torch.nn.BCEWithLogitsLoss", torch.tensor([[-3.0], [2.0], [4.0], [-1.0]])),
+                         ("torch.nn.BCELoss", torch.tensor([[0.1], [0.9], [0.7], [0.2]]))]:
+        step = build_step({"loss": {"_target_": loss}, "step_fn": None}, "classification")
+        sums = MetricSums("classification", ["accuracy"], CPU)
+        sums.add(output, target, step.loss_fn(output.squeeze(-1), target), 1.0, step.threshold)
+        assert sums.reduce(None) == {"test_accuracy": 1.0}, loss
+
+    # Language model: labels -100 (padding) are no tokens: not in the loss's mean, not in accuracy.
+    logits = torch.full((1, 4, 3), -9.0)
+    logits[0, torch.arange(4), torch.tensor([2, 1, 0, 0])] = 9.0
+    labels = torch.tensor([[2, 1, -100, -100]])
+    sums = MetricSums("language_model", ["accuracy", "loss"], CPU)
+    sums.add(logits, labels, F.cross_entropy(logits.reshape(-1, 3), labels.reshape(-1)))
+    padding_only = torch.full((1, 4), -100)
+    sums.add(logits, padding_only, F.cross_entropy(logits.reshape(-1, 3), padding_only.reshape(-1)))
+    metrics = sums.reduce(None)
+    assert metrics["test_accuracy"] == 1.0 and metrics["test_loss"] < 1e-6, metrics
+
+    # Regression with two targets a row: mse over every value, r2 the columns' mean.
+    y = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [4.0, 40.0]])
+    out = y + torch.tensor([[0.5, -1.0], [-0.5, 1.0], [0.5, -1.0], [-0.5, 1.0]])
+    sums = MetricSums("regression", ["mse", "r2"], CPU)
+    sums.add(out, y, F.mse_loss(out, y))
+    metrics = sums.reduce(None)
+    assert metrics["test_mse"] == pytest.approx(F.mse_loss(out, y).item())
+    r2 = [1 - ((out[:, j] - y[:, j]) ** 2).sum() / ((y[:, j] - y[:, j].mean()) ** 2).sum() for j in (0, 1)]
+    assert metrics["test_r2"] == pytest.approx(float(sum(r2) / 2))

@@ -68,6 +68,7 @@ class Step:
     task: str
     loss_fn: Callable
     user_step: Callable | None
+    threshold: float = 0.0  # one output a row: a logit (0), or a probability (0.5)
 
     def __call__(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict]:
         if self.user_step is not None:
@@ -91,7 +92,7 @@ class Step:
             sums.add_means(loss, metrics, samples_in(batch), weight)
         else:
             loss, output, target = self.forward(model, batch)
-            sums.add(output.float(), target, loss, weight)
+            sums.add(output.float(), target, loss, weight, self.threshold)
 
 
 class ClassBeyondOutputs(IndexError):
@@ -118,7 +119,10 @@ def build_step(tcfg: dict, task: str) -> Step:
     if given(node):
         user = locate(node["_target_"]) if set(node) <= {"_target_"} else \
             instantiate({**node, "_partial_": True})
-    return Step(task, build_loss(tcfg, task), user)
+    loss = build_loss(tcfg, task)
+    # A loss of probabilities (BCELoss) means a model ending in a sigmoid: class 1 above 0.5.
+    probabilities = isinstance(loss, nn.BCELoss) or loss is torch.nn.functional.binary_cross_entropy
+    return Step(task, loss, user, 0.5 if probabilities else 0.0)
 
 
 def build_optimizer(tcfg: dict, parameters) -> torch.optim.Optimizer:

@@ -26,6 +26,26 @@ INPUT_KEYS = ("x", "input", "inputs", "input_ids", "image", "features")
 TARGET_KEYS = ("y", "target", "targets", "labels", "label")
 
 
+IGNORED = -100  # torch's cross entropy ignores targets of this class (ignore_index)
+
+
+def predicted_classes(output: torch.Tensor, target: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The class of each sample: the largest of one output per class, or, for one output a
+    row (a binary classifier's), whether it is above ``threshold`` (0 for a logit, 0.5 for a
+    probability)."""
+    if output.dim() == target.dim() + 1 and output.shape[-1] > 1:
+        return output.argmax(-1)
+    if output.numel() != target.numel():
+        return output.argmax(-1)  # a shape the metric cannot read: it will not match
+    return (output.reshape(target.shape) > threshold).to(target.dtype)
+
+
+def column_sums(total: dict[str, float]) -> list[dict[str, float]]:
+    """{"sse:0": .., "y:0": .., "yy:0": .., "sse:1": ..} -> [{"sse", "y", "yy"} per column]."""
+    columns = sum(1 for key in total if key.startswith("sse:"))
+    return [{part: total[f"{part}:{j}"] for part in ("sse", "y", "yy")} for j in range(columns)]
+
+
 def token_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """A language model's loss: cross entropy over every token ((B, T, V) logits, (B, T) ids)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
@@ -102,20 +122,33 @@ class MetricSums:
         self.sums[key] = self.sums[key] + value if key in self.sums else value
 
     def add(self, output: torch.Tensor, target: torch.Tensor, loss: torch.Tensor,
-            weight: float = 1.0) -> None:
+            weight: float = 1.0, threshold: float = 0.0) -> None:
         """One batch's contribution: the model's output, the target, the batch's mean loss
-        (weight 0: a padding batch that only keeps collectives in step across ranks)."""
+        (weight 0: a padding batch that only keeps collectives in step across ranks).
+        ``threshold``: where one output a row (a binary classifier's) turns into class 1."""
         output = fitted(output, target, self.task)
-        count = target.numel() if self.task == "language_model" else target.shape[0]
-        self._add("count", torch.tensor(float(count * weight), device=self.device))
-        self._add("loss", one_number(loss, "the loss", self.device) * count * weight)
+        # Targets the loss ignores (cross entropy's -100: padding tokens) are not samples: its
+        # mean is over the others, and accuracy counts only them.
+        counted = target != IGNORED if not target.is_floating_point() else None
+        if self.task == "regression":
+            count = float(target.shape[0])
+        else:
+            count = float(counted.sum()) if counted is not None else float(target.numel())
+        self._add("count", torch.tensor(count * weight, device=self.device))
+        if count:  # a batch of nothing but ignored targets has a NaN mean loss
+            self._add("loss", one_number(loss, "the loss", self.device) * count * weight)
         if "accuracy" in self.names:
-            self._add("correct", (output.argmax(-1) == target).sum() * weight)
+            correct = predicted_classes(output, target, threshold) == target
+            self._add("correct", (correct if counted is None else correct & counted).sum() * weight)
         if "mse" in self.names or "r2" in self.names:
-            y = target.double()
-            self._add("sse", ((output.double() - y) ** 2).sum() * weight)
-            self._add("y", y.sum() * weight)
-            self._add("yy", (y * y).sum() * weight)
+            # Per target column (a model with several outputs a row): mse over every value,
+            # r2 the columns' mean, as scikit-learn's.
+            y = target.double().reshape(target.shape[0], -1)
+            sse = ((output.double().reshape(y.shape) - y) ** 2).sum(0)
+            for j in range(y.shape[1]):
+                self._add(f"sse:{j}", sse[j] * weight)
+                self._add(f"y:{j}", y[:, j].sum() * weight)
+                self._add(f"yy:{j}", (y[:, j] * y[:, j]).sum() * weight)
         for name, node in self.custom.items():
             if name not in self._fns:
                 from trainers.pytorch.config import locate
@@ -143,7 +176,7 @@ class MetricSums:
             all_reduce(stacked)
         total = dict(zip(keys, stacked.tolist(), strict=True))
         n = max(total.pop("count"), 1e-12)
-        loss = total.pop("loss") / n
+        loss = total.pop("loss", 0.0) / n
         out: dict[str, float] = {}
         # A metric whose sums were not kept is left out: a step function gives the loss and
         # its own means only, not the output that accuracy, mse, r2 or a metric fn need (the
@@ -155,11 +188,15 @@ class MetricSums:
                 out["test_perplexity"] = math.exp(min(loss, 700.0))
             elif name == "accuracy" and "correct" in total:
                 out["test_accuracy"] = total["correct"] / n
-            elif name == "mse" and "sse" in total:
-                out["test_mse"] = total["sse"] / n
-            elif name == "r2" and "sse" in total:
-                spread = total["yy"] - total["y"] ** 2 / n
-                out["test_r2"] = 1.0 - total["sse"] / spread if spread > 0 else 0.0
+            elif name == "mse" and "sse:0" in total:
+                columns = column_sums(total)
+                out["test_mse"] = sum(c["sse"] for c in columns) / (n * len(columns))
+            elif name == "r2" and "sse:0" in total:
+                scores = []
+                for c in column_sums(total):
+                    spread = c["yy"] - c["y"] ** 2 / n
+                    scores.append(1.0 - c["sse"] / spread if spread > 0 else 0.0)
+                out["test_r2"] = sum(scores) / len(scores)
             elif name in total:
                 out[f"test_{name}"] = total[name] / n
         for key, value in total.items():
