@@ -298,3 +298,12 @@ def test_held_out_metrics_read_binary_outputs_padding_tokens_and_several_targets
     assert metrics["test_mse"] == pytest.approx(F.mse_loss(out, y).item())
     r2 = [1 - ((out[:, j] - y[:, j]) ** 2).sum() / ((y[:, j] - y[:, j].mean()) ** 2).sum() for j in (0, 1)]
     assert metrics["test_r2"] == pytest.approx(float(sum(r2) / 2))
+
+
+def test_the_trial_runs_two_held_out_items_through_the_evaluation_step():
+    """A held-out set the model cannot take failed after the last training step."""
+    trainer, data = job("classification", "tuple", with_metrics=None)
+    data["eval"] = {"_target_": "mypkg.bad_parts.DoubleItems"}
+    with pytest.raises(ConfigError, match=r"^data.eval: items 0 and 1 through the evaluation "
+                       r"step: RuntimeError: mat1 and mat2 must have the same dtype"):
+        check_training(trainer, data)

@@ -66,24 +66,26 @@ def check_targets(cfg: dict) -> None:
                               f"{type(exc).__name__}: {one_line(exc)[:240]}") from None
 
 
-def tiny_batch(dcfg: dict, tcfg: dict):
-    """Two items of the training data, batched as the workers will (tabular data: two rows of
-    the configured width)."""
+def tiny_batches(dcfg: dict, tcfg: dict):
+    """Two items of the training data and two of the held-out data, batched as the workers
+    will (tabular data: two rows of the configured width, and no held-out batch of its own)."""
     if dcfg["name"] != "torch":
         target = torch.zeros(2) if dcfg.get("task") == "regression" else torch.zeros(2, dtype=torch.long)
-        return torch.zeros(2, int(dcfg["features"])), target
-    with named("data.train", "building it: "):
-        train = instantiate(dict(dcfg["train"]), _convert_="all")
-    with named("data.train", "reading items 0 and 1: "):
-        items = [train[i] for i in range(min(2, len(train)))]
-        if not items:
-            raise ValueError("the dataset is empty")
-        say_what_the_items_mean(len(train), items[0], tcfg)
-    with named("data.eval", "building it and reading item 0: "):
-        held_out = instantiate(dict(dcfg["eval"]), _convert_="all")
-        held_out[0], len(held_out)
-    with named("data.collate_fn", "batching two items of data.train: "):
-        return collate_function(dcfg.get("collate_fn"))(items)
+        return (torch.zeros(2, int(dcfg["features"])), target), None
+    collate = collate_function(dcfg.get("collate_fn"))
+    batches = []
+    for key in ("train", "eval"):
+        with named(f"data.{key}", "building it: "):
+            dataset = instantiate(dict(dcfg[key]), _convert_="all")
+        with named(f"data.{key}", "reading items 0 and 1: "):
+            items = [dataset[i] for i in range(min(2, len(dataset)))]
+            if not items:
+                raise ValueError("the dataset is empty")
+        if key == "train":
+            say_what_the_items_mean(len(dataset), items[0], tcfg)
+        with named("data.collate_fn", f"batching two items of data.{key}: "):
+            batches.append(collate(items))
+    return batches[0], batches[1]
 
 
 def say_what_the_items_mean(size: int, item, tcfg: dict) -> None:
@@ -135,7 +137,8 @@ def trial(cfg: dict) -> list[str] | None:
         model = build_model(tcfg)
     with named("trainer.step_fn" if given(tcfg.get("step_fn")) else "trainer.loss", "building it: "):
         step = build_step(tcfg, task)
-    batch = to_device(tiny_batch(dcfg, tcfg), device)
+    batch, held_out = tiny_batches(dcfg, tcfg)
+    batch = to_device(batch, device)
     if dcfg["name"] == "torch" and not meta:
         check_finite_items(batch, dcfg)
     metrics: dict = {}  # the default step reports the loss alone while training
@@ -172,7 +175,13 @@ def trial(cfg: dict) -> list[str] | None:
             scheduler.step()
     if meta:
         return None
-    return evaluation(tcfg, task, step, model, batch) + ["loss", *metrics]
+    names = evaluation(tcfg, task, step, model, batch)
+    if held_out is not None:  # the held-out items through the same step: their own types
+        model.eval()
+        with named("data.eval", "items 0 and 1 through the evaluation step: "), torch.no_grad():
+            step.measure(model, held_out, MetricSums(task, metric_names(tcfg, task), device))
+        model.train()
+    return names + ["loss", *metrics]
 
 
 def check_stepped_alone(scheduler) -> None:
