@@ -97,3 +97,28 @@ def test_data_smaller_than_one_global_batch_steps_by_the_mean_gradient_of_its_ro
     # SGD, lr 1: the update is minus the mean gradient over the 24 rows, not 24/64 of it
     assert torch.allclose(model.weight - before.weight, -before.weight.grad, atol=1e-6)
     assert ctx.reports[0][1] == 24  # samples the step trained on
+
+
+def test_a_batch_object_of_the_users_reaches_the_device_and_weighs_its_items(monkeypatch):
+    """A collate function's own batch (a dataclass here; a tokenizer's BatchEncoding is a
+    UserDict) is moved whole, and its held-out metrics weigh the items it holds."""
+    from collections import UserDict, namedtuple
+
+    from mypkg.tasks import Batch
+
+    from trainers.pytorch.data import to_device
+
+    meta = torch.device("meta")
+    pair = namedtuple("Pair", "x y")
+    for batch in (Batch(torch.ones(2), torch.ones(2)), UserDict(x=torch.ones(2), y=torch.ones(2)),
+                  pair(torch.ones(2), torch.ones(2)), {"x": [torch.ones(2)], "y": torch.ones(2)}):
+        moved = to_device(batch, meta)
+        assert type(moved) is type(batch)
+        values = [moved.x, moved.y] if hasattr(moved, "x") else [moved["x"], moved["y"]]
+        assert all(t.device == meta for v in values for t in (v if isinstance(v, list) else [v]))
+
+    cfg = {"trainer": trainer(batch_size=8, max_steps=6, step_fn={"_target_": "mypkg.tasks.batch_step"}),
+           "data": {**items(size=24), "collate_fn": {"_target_": "mypkg.tasks.collate_as_batch"}}}
+    _, _, ctx = trained(monkeypatch, cfg)
+    held_out = ctx.evaluations[-1]
+    assert held_out["test_loss"] > 0 and 0 < held_out["test_accuracy"] <= 1, held_out

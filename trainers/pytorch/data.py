@@ -9,9 +9,11 @@ rank with none runs a padding micro-batch whose loss weighs zero.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -231,12 +233,27 @@ def eval_shards(size: int, rank: int, world_size: int, batch_size: int) -> list[
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
+    """A collated batch on the device, in its own type: tensors inside dicts and other
+    mappings (a tokenizer's BatchEncoding), lists, tuples and named tuples, dataclasses; an
+    object of another kind with its own ``to(device)`` (a graph library's batch) moves itself."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, Mapping):
+        moved = {k: to_device(v, device) for k, v in batch.items()}
+        if type(batch) is dict or not isinstance(batch, MutableMapping):
+            return moved
+        out = copy.copy(batch)
+        out.update(moved)
+        return out
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(to_device(v, device) for v in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device) for v in batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{f.name: to_device(getattr(batch, f.name), device)
+                                             for f in dataclasses.fields(batch) if f.init})
+    if callable(getattr(batch, "to", None)) and not isinstance(batch, (str, bytes, np.ndarray)):
+        return batch.to(device)
     return batch
 
 

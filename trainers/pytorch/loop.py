@@ -164,23 +164,25 @@ class Evaluation:
         self.streamed = streamed  # StreamedBatches: held-out rows read from this rank's share
 
     def batches(self):
-        """(batch, weight) pairs of this rank's held-out rows."""
+        """(batch, weight, items) of this rank's held-out rows."""
         if self.streamed is not None:
-            return ((tuple(map(torch.from_numpy, (x, y))), w)
+            return ((tuple(map(torch.from_numpy, (x, y))), w, len(y))
                     for x, y, w in self.streamed.eval_batches(self.batch_size))
         shards = eval_shards(len(self.dataset), self.ctx.rank, self.ctx.world_size, self.batch_size)
         batches = loader(self.dataset, [s.rows.tolist() for s in shards], self.collate,
                          self.workers, self.device, self.ctx.seed)
-        return ((batch, shard.weight) for shard, batch in zip(shards, batches, strict=True))
+        return ((batch, shard.weight, len(shard.rows))
+                for shard, batch in zip(shards, batches, strict=True))
 
     @torch.no_grad()
     def __call__(self) -> dict[str, float]:
         training = self.module.training  # also called between steps (run.eval_every_steps)
         self.module.eval()
         sums = MetricSums(self.step_fn.task, self.names, self.device)
-        for batch, weight in self.batches():
+        for batch, weight, items in self.batches():
             with self.precision.autocast():
-                self.step_fn.measure(self.module, to_device(batch, self.device), sums, weight)
+                self.step_fn.measure(self.module, to_device(batch, self.device), sums, weight,
+                                     items)
         self.module.train(training)
         distributed = self.ctx.world_size > 1 and dist.is_initialized()
         return sums.reduce(dist.all_reduce if distributed else None)

@@ -84,12 +84,14 @@ class Step:
         except IndexError as exc:  # cross entropy's "Target 7 is out of bounds." (on CPU)
             raise classes_beyond_outputs(exc, output, target) from exc
 
-    def measure(self, model: nn.Module, batch: Any, sums: MetricSums, weight: float = 1.0) -> None:
+    def measure(self, model: nn.Module, batch: Any, sums: MetricSums, weight: float = 1.0,
+                items: int | None = None) -> None:
         """A held-out batch's part of the metrics: the workers' evaluation and the driver's
-        trial both go through here, so what fails in one fails in the other."""
+        trial both go through here, so what fails in one fails in the other. ``items``: the
+        batch's dataset items, where known (a batch object of the user's need not say)."""
         if self.user_step is not None:
             loss, metrics = self(model, batch)
-            sums.add_means(loss, metrics, samples_in(batch), weight)
+            sums.add_means(loss, metrics, items if items is not None else samples_in(batch), weight)
         else:
             loss, output, target = self.forward(model, batch)
             sums.add(output.float(), target, loss, weight, self.threshold)

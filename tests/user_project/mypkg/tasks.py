@@ -1,6 +1,8 @@
 """One small dataset, model and step function per task, with items as tuples or as dicts: the
 combinations a user's first project takes (tests/test_pytorch_tasks.py tries them all)."""
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -74,3 +76,20 @@ def compiled_net(task: str, dynamo_first: bool = False):
 
         importlib.import_module("torch._dynamo.config").suppress_errors = False
     return torch.compile(Net(task), backend="eager")
+
+
+@dataclass
+class Batch:
+    """A batch as an object of the user's own, made by their collate function."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def collate_as_batch(items) -> Batch:
+    return Batch(torch.stack([x for x, _ in items]), torch.stack([y for _, y in items]))
+
+
+def batch_step(model, batch: Batch):
+    out = model(batch.x)
+    return F.cross_entropy(out, batch.y), {"accuracy": (out.argmax(-1) == batch.y).float().mean()}
