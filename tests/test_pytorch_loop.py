@@ -122,3 +122,47 @@ def test_a_batch_object_of_the_users_reaches_the_device_and_weighs_its_items(mon
     _, _, ctx = trained(monkeypatch, cfg)
     held_out = ctx.evaluations[-1]
     assert held_out["test_loss"] > 0 and 0 < held_out["test_accuracy"] <= 1, held_out
+
+
+def test_a_parameter_without_gradient_and_a_model_method_under_ddp_are_said_plainly(monkeypatch):
+    """Both pass a run on one worker and fail DDP's on two: a parameter the step leaves without
+    a gradient at its second step, a step function calling model.loss at its first."""
+    import torch.distributed as dist
+
+    from orchestrator.errors import ConfigError
+    from tests.conftest import free_port
+    from trainers.pytorch.check import trial
+    from trainers.pytorch.parallel import parallelize
+    from trainers.pytorch.parts import StepCallsAModelMethod, build_step
+
+    cfg = {"trainer": trainer(model={"_target_": "mypkg.bad_parts.UnusedHead"}), "data": items()}
+    with pytest.raises(ConfigError, match=r"^trainer.model: the training step leaves 2 parameters "
+                       r"without a gradient \(aux.weight, aux.bias\), which stops DDP on 2 or more "
+                       r"workers: set trainer.find_unused_parameters=true"):
+        trial(cfg)
+    trial({**cfg, "trainer": {**cfg["trainer"], "find_unused_parameters": True}})
+
+    from mypkg.bad_parts import UnusedHead
+
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 0])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    try:
+        for find in (False, True):  # DDP as a run of 2 workers wraps it
+            model = parallelize(UnusedHead(), {"parallel": "ddp", "find_unused_parameters": find},
+                                2, torch.device("cpu"))
+            steps = 0
+            try:
+                for _ in range(2):
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    steps += 1
+            except RuntimeError as exc:
+                assert "Expected to have finished reduction" in str(exc)
+            assert steps == (2 if find else 1)
+        step = build_step({"loss": None, "step_fn": {"_target_": "mypkg.bad_parts.method_step"}},
+                          "classification")
+        with pytest.raises(StepCallsAModelMethod, match="call model") as err:
+            step(parallelize(UnusedHead(), {"parallel": "ddp"}, 2, torch.device("cpu")), (x, y))
+        assert err.value.retry is False
+    finally:
+        dist.destroy_process_group()

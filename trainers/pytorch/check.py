@@ -71,7 +71,7 @@ def tiny_batches(dcfg: dict, tcfg: dict):
     will (tabular data: two rows of the configured width, and no held-out batch of its own)."""
     if dcfg["name"] != "torch":
         target = torch.zeros(2) if dcfg.get("task") == "regression" else torch.zeros(2, dtype=torch.long)
-        return (torch.zeros(2, int(dcfg["features"])), target), None
+        return (torch.zeros(2, int(dcfg["features"])), target), None, []
     collate = collate_function(dcfg.get("collate_fn"))
     batches = []
     for key in ("train", "eval"):
@@ -82,22 +82,25 @@ def tiny_batches(dcfg: dict, tcfg: dict):
             if not items:
                 raise ValueError("the dataset is empty")
         if key == "train":
-            say_what_the_items_mean(len(dataset), items[0], tcfg)
+            notes = what_the_items_mean(len(dataset), items[0], tcfg)
         with named("data.collate_fn", f"batching two items of data.{key}: "):
             batches.append(collate(items))
-    return batches[0], batches[1]
+    return batches[0], batches[1], notes
 
 
-def say_what_the_items_mean(size: int, item, tcfg: dict) -> None:
-    """What the run would do silently with the user's data: a warning line, not a refusal."""
+def what_the_items_mean(size: int, item, tcfg: dict) -> list[str]:
+    """What the run would do silently with the user's data: warning lines, said once the
+    trial passed (a failed one says its error alone)."""
+    notes = []
     batch = int(tcfg.get("batch_size") or 0)
     if 0 < size < batch:
-        log.warning("data.train holds %d items, fewer than one global batch "
-                    "(trainer.batch_size=%d): every step trains on all %d", size, batch, size)
+        notes.append(f"data.train holds {size} items, fewer than one global batch "
+                     f"(trainer.batch_size={batch}): every step trains on all {size}")
     if isinstance(item, (tuple, list)) and len(item) > 2 and not given(tcfg.get("step_fn")):
-        log.warning("data.train's items have %d parts: the default step takes the first as the "
-                    "inputs and the second as the target, and ignores the rest (a sample "
-                    "weight too); give trainer.step_fn to use them", len(item))
+        notes.append(f"data.train's items have {len(item)} parts: the default step takes the "
+                     "first as the inputs and the second as the target, and ignores the rest (a "
+                     "sample weight too); give trainer.step_fn to use them")
+    return notes
 
 
 def check_parts(cfg: dict) -> list[str] | None:
@@ -137,7 +140,7 @@ def trial(cfg: dict) -> list[str] | None:
         model = build_model(tcfg)
     with named("trainer.step_fn" if given(tcfg.get("step_fn")) else "trainer.loss", "building it: "):
         step = build_step(tcfg, task)
-    batch, held_out = tiny_batches(dcfg, tcfg)
+    batch, held_out, notes = tiny_batches(dcfg, tcfg)
     batch = to_device(batch, device)
     if dcfg["name"] == "torch" and not meta:
         check_finite_items(batch, dcfg)
@@ -164,6 +167,8 @@ def trial(cfg: dict) -> list[str] | None:
         raise ConfigError(f"{key}: it gave {shape}; the loss must be one number (the batch's mean)")
     with named("trainer.model", "backward from the loss failed: "):
         loss.backward()
+    if tcfg.get("parallel") == "ddp" and not tcfg.get("find_unused_parameters"):
+        check_every_parameter_learns(model)
     with named("trainer.optimizer", "building it on the model's parameters: "):
         optimizer = build_optimizer(tcfg, model.parameters())
         optimizer.step()
@@ -174,6 +179,7 @@ def trial(cfg: dict) -> list[str] | None:
         with named("trainer.scheduler", "stepping it after the optimizer's step: "):
             scheduler.step()
     if meta:
+        say(notes)
         return None
     names = evaluation(tcfg, task, step, model, batch)
     if held_out is not None:  # the held-out items through the same step: their own types
@@ -181,7 +187,25 @@ def trial(cfg: dict) -> list[str] | None:
         with named("data.eval", "items 0 and 1 through the evaluation step: "), torch.no_grad():
             step.measure(model, held_out, MetricSums(task, metric_names(tcfg, task), device))
         model.train()
+    say(notes)
     return names + ["loss", *metrics]
+
+
+def say(notes: list[str]) -> None:
+    for note in notes:
+        log.warning("%s", note)
+
+
+def check_every_parameter_learns(model) -> None:
+    """DDP on 2 or more workers waits for every parameter's gradient: one the step leaves
+    without (a head it never calls) stops the run at its second step."""
+    idle = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    if idle:
+        raise ConfigError(
+            f"trainer.model: the training step leaves {len(idle)} parameter"
+            f"{'s' if len(idle) > 1 else ''} without a gradient ({', '.join(idle[:3])}"
+            f"{', ...' if len(idle) > 3 else ''}), which stops DDP on 2 or more workers: set "
+            "trainer.find_unused_parameters=true, or freeze them (requires_grad=False)")
 
 
 def check_stepped_alone(scheduler) -> None:

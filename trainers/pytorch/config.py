@@ -92,6 +92,9 @@ class PyTorchConfig(TrainerConfig):
     micro_batch_size: int | None = None  # at most this many rows per forward; accumulation does the rest
     precision: str = "32"
     grad_clip: float | None = None  # max gradient norm
+    # DDP: parameters a step may leave without a gradient (a head used on some steps only);
+    # DDP then finds them at every step (slower), instead of failing at the second.
+    find_unused_parameters: bool = False
     # A NaN or inf training loss stops the run with one line naming the step (every later step
     # would be NaN too); true: train on regardless.
     allow_nonfinite_loss: bool = False

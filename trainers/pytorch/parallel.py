@@ -57,7 +57,8 @@ def parallelize(module: nn.Module, tcfg: dict, world_size: int, device: torch.de
         return shard(module, tcfg.get("fsdp") or {}, tcfg.get("precision", "32"))
     if world_size == 1:
         return module
-    return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
+    return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                   find_unused_parameters=bool(tcfg.get("find_unused_parameters")))
 
 
 def materialize(module: nn.Module, device: torch.device, seed: int) -> None:

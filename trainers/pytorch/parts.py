@@ -72,7 +72,16 @@ class Step:
 
     def __call__(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict]:
         if self.user_step is not None:
-            return as_loss_and_metrics(self.user_step(model, batch))
+            try:
+                return as_loss_and_metrics(self.user_step(model, batch))
+            except AttributeError as exc:
+                if isinstance(model, nn.parallel.DistributedDataParallel) and \
+                        "'DistributedDataParallel' object has no attribute" in str(exc):
+                    raise StepCallsAModelMethod(
+                        f"{exc}: on 2 or more workers trainer.step_fn gets the model wrapped by "
+                        "DDP, which has only the model's forward: call model(...), and compute "
+                        "the loss from its output in the step function") from exc
+                raise
         loss, _, _ = self.forward(model, batch)
         return loss, {}
 
@@ -95,6 +104,13 @@ class Step:
         else:
             loss, output, target = self.forward(model, batch)
             sums.add(output.float(), target, loss, weight, self.threshold)
+
+
+class StepCallsAModelMethod(AttributeError):
+    """A step function that calls a method of the model other than its forward under DDP:
+    every restart would meet it again."""
+
+    retry = False
 
 
 class ClassBeyondOutputs(IndexError):

@@ -45,3 +45,25 @@ class DoubleItems(Dataset):
 
     def __getitem__(self, index: int):
         return self.x[index], 0
+
+
+class UnusedHead(nn.Module):
+    """A second head the forward never calls (an auxiliary one, for later): DDP waits for its
+    gradients."""
+
+    def __init__(self, in_features: int = 4, out_features: int = 3):
+        super().__init__()
+        self.body = nn.Linear(in_features, out_features)
+        self.aux = nn.Linear(in_features, 1)
+
+    def forward(self, x):
+        return self.body(x)
+
+    def loss(self, x, y):
+        return F.cross_entropy(self.body(x), y)
+
+
+def method_step(model, batch):
+    """A step function that calls a method of the model other than its forward."""
+    x, y = batch
+    return model.loss(x, y)
