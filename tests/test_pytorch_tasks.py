@@ -307,3 +307,23 @@ def test_the_trial_runs_two_held_out_items_through_the_evaluation_step():
     with pytest.raises(ConfigError, match=r"^data.eval: items 0 and 1 through the evaluation "
                        r"step: RuntimeError: mat1 and mat2 must have the same dtype"):
         check_training(trainer, data)
+
+
+def test_a_model_output_object_is_evaluated_by_its_logits():
+    trainer, data = job("classification", "tuple", with_metrics=None)
+    trainer = {**trainer, "model": {"_target_": "mypkg.tasks.OutputNet", "task": "classification"},
+               "loss": {"_target_": "mypkg.tasks.output_loss"}}
+    names = trial({"trainer": check_training(trainer, data).config, "data": data})
+    assert set(names) == {"test_accuracy", "test_loss", "loss"}
+
+    from mypkg.tasks import Items, Output, OutputNet
+
+    from trainers.pytorch.parts import build_step
+
+    step = build_step({"loss": trainer["loss"], "step_fn": None}, "classification")
+    batch = default_collate([Items("classification")[i] for i in range(8)])
+    sums = MetricSums("classification", ["accuracy", "loss"], CPU)
+    step.measure(OutputNet("classification"), batch, sums)
+    assert set(sums.reduce(None)) == {"test_accuracy", "test_loss"}
+    with pytest.raises(TypeError, match=r"the model's output is a Output, not a tensor"):
+        MetricSums("classification", ["accuracy"], CPU).add(Output(None), batch[1], torch.tensor(1.0))

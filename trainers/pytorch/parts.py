@@ -3,7 +3,7 @@ driver's trial before Ray starts (trainers/pytorch/check.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,21 @@ class Step:
             sums.add_means(loss, metrics, items if items is not None else samples_in(batch), weight)
         else:
             loss, output, target = self.forward(model, batch)
-            sums.add(output.float(), target, loss, weight, self.threshold)
+            output = logits_of(output)
+            sums.add(output.float() if isinstance(output, torch.Tensor) else output, target, loss,
+                     weight, self.threshold)
+
+
+def logits_of(output: Any) -> Any:
+    """What the held-out metrics read of a model's output: the tensor itself, or the logits of
+    an output object (a Hugging Face model's, with .logits or ["logits"])."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(getattr(output, "logits", None), torch.Tensor):
+        return output.logits
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
+    return output
 
 
 class StepCallsAModelMethod(AttributeError):

@@ -86,7 +86,8 @@ def samples_in(batch: Any) -> int:
 
 def fitted(output: torch.Tensor, target: torch.Tensor, task: str) -> torch.Tensor:
     """A regression model's (B, 1) output against a (B,) target: the same shape, not (B, B)."""
-    if task == "regression" and output.shape != target.shape and output.numel() == target.numel():
+    if task == "regression" and isinstance(output, torch.Tensor) and \
+            output.shape != target.shape and output.numel() == target.numel():
         return output.reshape(target.shape)
     return output
 
@@ -126,6 +127,12 @@ class MetricSums:
         """One batch's contribution: the model's output, the target, the batch's mean loss
         (weight 0: a padding batch that only keeps collectives in step across ranks).
         ``threshold``: where one output a row (a binary classifier's) turns into class 1."""
+        if not isinstance(output, torch.Tensor) and (set(self.names) - {"loss", "perplexity"}):
+            raise TypeError(
+                f"the model's output is a {type(output).__name__}, not a tensor (nor has it "
+                f"logits), and trainer.metrics={sorted(set(self.names) - {'perplexity'})} read "
+                "it: give trainer.metrics=[loss], or a trainer.step_fn that returns (loss, "
+                "{metric: value})")
         output = fitted(output, target, self.task)
         # Targets the loss ignores (cross entropy's -100: padding tokens) are not samples: its
         # mean is over the others, and accuracy counts only them.

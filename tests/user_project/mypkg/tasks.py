@@ -93,3 +93,19 @@ def collate_as_batch(items) -> Batch:
 def batch_step(model, batch: Batch):
     out = model(batch.x)
     return F.cross_entropy(out, batch.y), {"accuracy": (out.argmax(-1) == batch.y).float().mean()}
+
+
+class Output:
+    """A model output object, as a Hugging Face model returns: the logits as an attribute."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+
+
+class OutputNet(Net):
+    def forward(self, x):
+        return Output(self.net(x))
+
+
+def output_loss(output: Output, target):
+    return F.cross_entropy(output.logits, target)
