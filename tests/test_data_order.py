@@ -159,3 +159,21 @@ def test_a_users_augmentation_draws_the_same_after_a_resume_at_any_world_size_an
     assert feed(1, 0, 5) == resumed
     assert feed(2, 0, 0) == whole
     assert len({v[0] for v in whole.values()}) == len(whole)  # every item draws its own numbers
+
+
+@pytest.mark.parametrize("batch, world, micro", [(64, 3, 2), (12, 5, 2), (10, 4, 4), (8, 2, None)])
+def test_micro_batches_have_two_rows_or_more_and_the_same_count_on_every_rank(batch, world, micro):
+    """BatchNorm refuses one row in training: a rank's smaller share (64 rows on 3 workers: 22,
+    21, 21) is cut into parts of 2 or more and padded up to the count every rank runs."""
+    from orchestrator.worker_api import Batches
+    from trainers.pytorch.data import StepPlan
+
+    counts = set()
+    for rank in range(world):
+        plan = StepPlan(Batches(DataOrder(0, 100, batch), rank, world), world, micro)
+        parts = plan.micro_batches(3)
+        counts.add(len(parts))
+        trained = [p for p in parts if p.weight]
+        assert all(len(p.rows) >= 2 for p in parts), [len(p.rows) for p in parts]
+        assert np.array_equal(np.concatenate([p.rows for p in trained]), plan.batches.rows(3))
+    assert len(counts) == 1

@@ -83,8 +83,12 @@ class StepPlan:
         count = max(1, math.ceil(most / self.micro)) if self.micro else 1
         if len(rows) == 0:
             return [MicroBatch(self.batches.global_rows(step)[:1], 0.0)] * count
-        return [MicroBatch(part, 1.0) if len(part) else MicroBatch(rows[:1], 0.0)
-                for part in np.array_split(rows, count)]
+        # No micro-batch of one row beside larger ones (BatchNorm refuses one row in training):
+        # a smaller share is cut into parts of 2 rows or more, and padded up to the count.
+        parts = max(1, min(count, len(rows) // 2))
+        pad = MicroBatch(rows[:2], 0.0)
+        return [MicroBatch(part, 1.0) for part in np.array_split(rows, parts)] + \
+            [pad] * (count - parts)
 
     def rows(self, start: int, total: int) -> Iterator[np.ndarray]:
         """The dataset indices of every micro-batch of steps start..total-1, in order."""
