@@ -117,6 +117,18 @@ def test_a_ray_that_does_not_start_is_one_line(monkeypatch):
     assert message == ("cluster: Ray did not start (RuntimeError: Failed to start the dashboard); "
                        "the dashboard needs ray[default]'s packages: install them, or set "
                        "cluster.dashboard=false"), message
+    # The embedded start made this process adopt orphans; with no session to close, it adopts
+    # no more (it did: every daemon a later test's command started became this process's
+    # zombie, and `python -m orchestrator.service stop` waited 60 s for one to end).
+    assert not adopts_orphans()
+
+
+def adopts_orphans() -> bool:
+    import ctypes
+
+    value = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(37, ctypes.byref(value), 0, 0, 0)  # GET_CHILD_SUBREAPER
+    return value.value == 1
 
 
 def test_a_lost_recorder_is_one_line_and_run_json_keeps_what_it_last_wrote(tmp_path, capsys):

@@ -168,3 +168,18 @@ def test_a_service_folder_of_another_user_or_open_to_others_is_refused(tmp_path,
         service_dir()
     folder.chmod(0o700)
     assert service_dir() == folder
+
+
+def test_stop_waits_for_the_services_end_not_for_its_zombie_to_be_reaped():
+    """A service whose end no process waits for (re-parented to one that never waits) stays a
+    zombie: ended all the same."""
+    from orchestrator.service.__main__ import wait_stopped
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    while Path(f"/proc/{ended.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.05)
+    started = time.monotonic()
+    wait_stopped(ended.pid, timeout_s=30)
+    assert time.monotonic() - started < 5
+    ended.wait()
+

@@ -47,16 +47,39 @@ def descendants(root: int) -> list[Process]:
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def adopt_orphans() -> None:
+def adopt_orphans(adopt: bool = True) -> None:
     """Linux: a process of ours whose parent dies is re-parented to this one, not to init, so
     it stays among descendants() (a Ctrl-C during Ray's start: the raylet stopped while it was
-    starting its agents, which then ran on, orphaned, after the command)."""
+    starting its agents, which then ran on, orphaned, after the command). False: no more."""
     import ctypes
 
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(adopt), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def release_orphans(procs: list[Process], wait_s: float = 1.0) -> None:
+    """The end of adopt_orphans, once procs are stopped: the adopted ones among them are
+    reaped (an orphan that ends is this process's to wait for; unwaited, it stays a zombie,
+    and whoever waits for its pid to go waits in vain), and no process is adopted any more:
+    one started by a later command in this process (a daemon that leaves its parent on
+    purpose) goes to init, as it would without us."""
+    adopt_orphans(False)
+    deadline = time.monotonic() + wait_s
+    left = {pid for pid, _ in procs}
+    while left:
+        for pid in list(left):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not ours to wait for (Ray's own children), or gone
+                left.discard(pid)
+                continue
+            if done:
+                left.discard(pid)
+        if not left or time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
 
 
 def running(proc: Process) -> bool:

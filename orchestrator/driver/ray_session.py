@@ -17,6 +17,7 @@ from orchestrator.driver.processes import (
     adopt_orphans,
     descendants,
     kill_descendants,
+    release_orphans,
     stop_leftovers,
 )
 from orchestrator.errors import ConfigError
@@ -199,16 +200,20 @@ class RaySession:
             adopt_orphans()  # what Ray starts stays ours to stop, whatever dies first
             # The workers' output is streamed only where it is shown (a service serves only
             # commands of its own log.ray_verbose).
-            with embedded_head(log_monitor=self.verbose):
-                context = self.start(
-                    address="local",  # a new instance, even if a stale `ray start` left its address
-                    num_cpus=c.num_cpus or os.cpu_count(),
-                    include_dashboard=c.dashboard,
-                    dashboard_host="127.0.0.1",  # never beyond this machine by default
-                    dashboard_port=dashboard_port(c.dashboard_port) if c.dashboard else None,
-                    _system_config=EMBEDDED_SYSTEM_CONFIG,
-                    **quiet,
-                )
+            try:
+                with embedded_head(log_monitor=self.verbose):
+                    context = self.start(
+                        address="local",  # a new instance, even if a stale `ray start` left its address
+                        num_cpus=c.num_cpus or os.cpu_count(),
+                        include_dashboard=c.dashboard,
+                        dashboard_host="127.0.0.1",  # never beyond this machine by default
+                        dashboard_port=dashboard_port(c.dashboard_port) if c.dashboard else None,
+                        _system_config=EMBEDDED_SYSTEM_CONFIG,
+                        **quiet,
+                    )
+            except BaseException:
+                adopt_orphans(False)  # no session to close: this process adopts no more
+                raise
         url = getattr(context, "dashboard_url", None)
         if url:
             self.dashboard_url = url if "://" in url else f"http://{url}"
@@ -243,6 +248,8 @@ class RaySession:
             if not self.joined:  # and what was started meanwhile, orphaned to us since
                 ours = sorted(set(ours) | set(descendants(os.getpid())))
             stop_leftovers(ours, LEFTOVER_GRACE_S)
+            if not self.joined:
+                release_orphans(ours)
         self._closed.set()  # the background start's thread may end now
         self.interrupted = guard.seen
 

@@ -45,15 +45,18 @@ def main(argv: list[str]) -> int:
 
 
 def wait_stopped(pid: int, timeout_s: float = 60.0) -> None:
-    """Until the service's process (which shuts its Ray down first) has ended."""
-    import os
+    """Until the service's process (which shuts its Ray down first) has ended: gone, or a
+    zombie (ended, and not yet waited for by whichever process it was re-parented to)."""
     import time
+    from pathlib import Path
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
             return
         time.sleep(0.1)
 
