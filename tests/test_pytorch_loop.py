@@ -166,3 +166,11 @@ def test_a_parameter_without_gradient_and_a_model_method_under_ddp_are_said_plai
         assert err.value.retry is False
     finally:
         dist.destroy_process_group()
+
+
+def test_a_ranks_held_out_batch_is_no_larger_than_its_training_forward():
+    from trainers.pytorch.loop import eval_batch_size
+
+    assert eval_batch_size({"batch_size": 64, "micro_batch_size": None}, 4) == 16
+    assert eval_batch_size({"batch_size": 64, "micro_batch_size": 8}, 2) == 8
+    assert eval_batch_size({"batch_size": 10, "micro_batch_size": None}, 3) == 4

@@ -10,6 +10,7 @@ replays the same computation as one that never stopped.
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from functools import partial
 
@@ -105,7 +106,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         feed = step_batches(train_set, plan, ctx.start_step, ctx.total_steps, collate, workers,
                             device, partial(step_seed, ctx.seed, rank=EVERY_RANK))
     evaluate = Evaluation(ctx, module, step_fn, eval_set, collate, metric_names(tcfg, task),
-                          precision, tcfg.get("micro_batch_size") or batch_size, workers, device,
+                          precision, eval_batch_size(tcfg, ctx.world_size), workers, device,
                           batches if ctx.streamed else None)
     # Each micro-batch's mean loss weighs its rows out of the step's: the gradient is the
     # mean over the rows the step trains on (all of them, for data smaller than one batch).
@@ -149,6 +150,12 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
             return None
     watch.check()
     return evaluate()
+
+
+def eval_batch_size(tcfg: dict, world_size: int) -> int:
+    """A rank's held-out batch: no larger than what it forwards at once in training (the
+    global batch held whole on each rank ran out of GPU memory at the last evaluation)."""
+    return int(tcfg.get("micro_batch_size") or math.ceil(int(tcfg["batch_size"]) / world_size))
 
 
 class Evaluation:
