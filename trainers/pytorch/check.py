@@ -192,8 +192,15 @@ def trial(cfg: dict) -> list[str] | None:
 
 
 def say(notes: list[str]) -> None:
+    """Warnings of the trial: a log line where logging is set up (a served command, a sweep's
+    trial), else, before Hydra sets it up, a line like the checks' `error:` ones."""
+    import sys
+
     for note in notes:
-        log.warning("%s", note)
+        if logging.getLogger().hasHandlers():
+            log.warning("%s", note)
+        else:
+            print(f"warning: {note}", file=sys.stderr, flush=True)
 
 
 def check_every_parameter_learns(model) -> None:
