@@ -133,12 +133,13 @@ def train(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
                                    load_arrays(path / "optimizer.npz"), strict=True):
             variable.assign(value)
     ctx.total_steps = total_steps(tcfg, data.batches.steps_per_epoch)
+    step_rows = data.batches.rows_a_step  # all of data smaller than one global batch
 
     def replica_step(x, y):
         with tf.GradientTape() as tape:
             logits = model(x, training=True)
             per_example = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-            loss = tf.reduce_sum(per_example) / batch_size
+            loss = tf.reduce_sum(per_example) / step_rows
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return tf.reduce_sum(per_example)
@@ -162,7 +163,7 @@ def train(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     steps = data.steps(ctx.start_step, ctx.total_steps)
     for step, (x, y) in zip(range(ctx.start_step, ctx.total_steps), steps, strict=True):
         loss_sum = train_step(tf.constant(x), tf.constant(y))
-        ctx.step_done(step + 1, {"loss": float(loss_sum) / batch_size}, samples=batch_size)
+        ctx.step_done(step + 1, {"loss": float(loss_sum) / step_rows}, samples=step_rows)
         if ctx.should_evaluate(step + 1):
             ctx.eval_done(step + 1, evaluate())
         if ctx.should_save(step + 1):
