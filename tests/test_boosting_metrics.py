@@ -86,3 +86,18 @@ def test_the_check_names_what_the_loop_reports(trainer, params, classes):
 def test_a_check_that_does_not_know_the_classes_does_not_say(trainer):
     training = check_training({"fn": f"trainers.{trainer}.train:main"}, {"task": "classification"})
     assert training.metrics is None
+
+
+@pytest.mark.parametrize("classes", [0, 2, 3])
+def test_a_rank_without_held_out_rows_adds_sums_of_the_others_length(classes):
+    """A streamed data.eval_path of fewer row groups than workers leaves a rank no held-out
+    rows: its sums must all-reduce with the others' (xgboost's all-reduce refused (1,) against
+    (8195,), and a wrong answer came back to that rank)."""
+    from trainers.boosting import no_sums
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=50) if classes == 0 else rng.integers(0, classes, size=50)
+    prediction = rng.random(50) if classes in (0, 2) else rng.dirichlet(np.ones(classes), 50)
+    sums = metric_sums(prediction, y, classes)
+    assert no_sums(classes).shape == sums.shape
+    assert metrics_from_sums(sums + no_sums(classes), classes) == metrics_from_sums(sums, classes)

@@ -92,6 +92,12 @@ def test_a_parquet_label_says_its_task_only_when_it_is_unambiguous(tmp_path):
     assert data_facts(regression).outputs == 1
     data = load_dataset(regression, seed=0)
     assert data.task == "regression" and data.num_classes == 0 and data.y_train.dtype == np.float32
+    # One class is no classification (XGBoost said "trainer.params: ... num_class" of it).
+    pq.write_table(pa.table({"a": x[:, 0], "kind": np.ones(200, dtype=np.int64)}),
+                   tmp_path / "one.parquet")
+    with pytest.raises(ConfigError, match=r"data.label='kind': the label column of data.path=.* "
+                       r"holds one value \(1\): a classifier needs two classes or more"):
+        data_facts(DataConfig(name="parquet", path=str(tmp_path / "one.parquet"), label="kind"))
     assert np.allclose(np.sort(np.concatenate([data.y_train, data.y_test])),
                        np.sort(x.sum(1) * 100.0), atol=1e-3)  # the values, not class ids
 

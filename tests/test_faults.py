@@ -27,6 +27,9 @@ def error(step=35, kind="ValueError", message="bad batch", rank=0) -> WorkerErro
         ([error(message="other")], error(), False),
         ([error(rank=1)], error(rank=0), True),  # the same bug, wherever it shows up
         ([], WorkerError(0, 35, "NonFiniteLoss", "nan", "", retry=False), True),  # says so
+        # XGBoost's errors start with its clock: the same error a second later repeats
+        ([error(kind="XGBoostError", message="[00:07:16] src/x.cc:38: label must be in (0, 1)")],
+         error(kind="XGBoostError", message="[00:07:17] src/x.cc:38: label must be in (0, 1)"), True),
     ],
 )
 def test_a_failure_is_permanent_when_it_repeats_at_the_same_step(history, new, permanent):

@@ -402,3 +402,39 @@ def test_a_text_label_streams(tmp_path):
     assert plan.decoding.classes == ("no", "yes")
     ids, _, y = next(iter(plan.rank_stream(plan.order(16), 0, 1).steps(0, 1)))
     assert np.array_equal(y, ids % 2)
+
+
+@pytest.mark.parametrize("label", [lambda ids: (ids % 3 == 0).astype(np.int64), None])
+def test_streamed_lightgbm_goes_on_from_a_saved_model_as_if_it_had_not_stopped(tmp_path, label):
+    """lgb.train(init_model=...) over row-group data refused ("Cannot set predictor after freed
+    raw data"): every restart of a streamed LightGBM run failed. The train set the loop builds
+    for a resume takes the saved model's scores: 3 + 3 rounds make the 6-round model."""
+    import dataclasses
+
+    import lightgbm as lgb
+
+    from orchestrator.data.streaming import DataShare
+    from trainers.lightgbm.config import LightGBMConfig
+    from trainers.lightgbm.loop import Streamed, booster_params
+
+    class OneRank:
+        def __init__(self, share):
+            self._share = share
+
+        def share(self):
+            return self._share
+
+    plan = plan_stream(config(write_data(tmp_path / "d", files=2, label=label)),
+                       StorageSpec(str(tmp_path)), seed=7, trainer=None, workers=1,
+                       global_batch=None, task="classification", resumed=None)
+    data = Streamed(OneRank(DataShare(plan, 0, 1)))
+    params = booster_params(dataclasses.asdict(LightGBMConfig()), data.num_classes, 0) | \
+        {"num_threads": 1, "deterministic": True}
+    whole = lgb.train(params, data.train_set(params), num_boost_round=6)
+    first = lgb.train(params, data.train_set(params), num_boost_round=3)
+    first.save_model(str(tmp_path / "model.txt"))
+    saved = lgb.Booster(model_file=str(tmp_path / "model.txt"))
+    resumed = lgb.train(params, data.train_set(params, saved), num_boost_round=3, init_model=saved)
+    x, _ = next(iter(data.share.test_chunks()))
+    assert resumed.current_iteration() == 6
+    assert np.array_equal(resumed.predict(x), whole.predict(x))

@@ -81,6 +81,13 @@ def metric_sums(prediction: np.ndarray, y: np.ndarray, num_classes: int) -> np.n
     return np.asarray(sums, dtype=np.float64)
 
 
+def no_sums(num_classes: int) -> np.ndarray:
+    """metric_sums of no rows: what a rank without held-out rows adds (a streamed
+    data.eval_path of fewer row groups than workers), of the length the others' have."""
+    width = 4 if num_classes == 0 else 3 + (2 * AUC_BINS if num_classes == 2 else 0)
+    return np.zeros(width)
+
+
 def metrics_from_sums(sums: np.ndarray, num_classes: int) -> dict[str, float]:
     n = sums[0]
     if num_classes == 0:

@@ -68,7 +68,14 @@ def data_facts(cfg: DataConfig, storage: StorageSpec | None = None,
             import pyarrow.compute as pc
 
             distinct = [pc.unique(b.column(0)) for b in dataset.to_batches(columns=[cfg.label])]
-            outputs = len(pc.unique(pa.concat_arrays(distinct)).drop_null())
+            values = pc.unique(pa.concat_arrays(distinct)).drop_null()
+            outputs = len(values)
+            if outputs < 2:
+                raise ConfigError(
+                    f"data.label={cfg.label!r}: the label column of data.path={cfg.path!r} holds "
+                    f"{'one value (' + repr(values[0].as_py()) + ')' if outputs else 'no value'}: "
+                    "a classifier needs two classes or more; a number to predict is "
+                    "data.task=regression")
         features = feature_columns(dataset.schema.names, cfg.label, cfg.columns, cfg.path)
         return DataFacts(len(features), outputs, task)
     return None

@@ -9,6 +9,7 @@ stops the run the first time.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -23,7 +24,17 @@ class WorkerError:
     retry: bool = True  # False: the exception says a restart would only repeat it
 
     def same_failure(self, other: WorkerError) -> bool:
-        return (self.step, self.kind, self.message) == (other.step, other.kind, other.message)
+        return (self.step, self.kind, without_clock(self.message)) == \
+            (other.step, other.kind, without_clock(other.message))
+
+
+# A library's own clock before its message (XGBoost's "[00:07:16] ..."): the same error a
+# second later is the same error.
+CLOCK = re.compile(r"^\s*\[\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\]\s*")
+
+
+def without_clock(message: str) -> str:
+    return CLOCK.sub("", message)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from trainers.boosting import (
     metric_sums,
     metrics_from_sums,
     native_stderr_silenced,
+    no_sums,
     num_classes_of,
     test_metrics,
     worker_rows,
@@ -141,6 +142,23 @@ class GroupRows(lgb.Sequence):
         return x[idx]
 
 
+def go_on_from(train_set: lgb.Dataset, resumed: lgb.Booster, groups: list[GroupRows]) -> None:
+    """A saved model continued over streamed rows. lgb.train(init_model=...) has the dataset
+    predict its raw rows for their starting scores, which a dataset built from row groups no
+    longer holds ("Cannot set predictor after freed raw data"). The scores are predicted here,
+    a row group at a time, and the dataset takes lgb.train's predictor as it is (LightGBM
+    4.7's private Dataset._set_predictor; the Booster still merges the saved trees): the same
+    model as a run that never stopped (tests/test_streaming.py)."""
+    scores = [resumed.predict(group[np.arange(len(group))], raw_score=True) for group in groups]
+    train_set.set_init_score(np.concatenate(scores))
+
+    def take(predictor):
+        train_set._predictor = predictor
+        return train_set
+
+    train_set._set_predictor = take
+
+
 class Streamed:
     """Streamed parquet (ctx.share()): this rank reads only its own row groups, one at a time,
     into LightGBM's binned dataset; the bins are the driver's (bins_reference, the same at any
@@ -151,7 +169,7 @@ class Streamed:
         self.ctx, self.share = ctx, ctx.share()
         self.num_classes, self.samples = self.share.num_classes, self.share.rows
 
-    def train_set(self, params: dict) -> lgb.Dataset:
+    def train_set(self, params: dict, resumed: lgb.Booster | None = None) -> lgb.Dataset:
         """Binned a row group at a time: LightGBM reads each group when it pushes its rows (it
         samples none, the bins being the reference's), so the share is never held as floats."""
         # Its parameters are the training's, its bins the reference's: by design, not news.
@@ -160,11 +178,13 @@ class Streamed:
         train_set = lgb.Dataset(groups, params=params,
                                 reference=bins_reference(self.share.bin_bounds)).construct()
         train_set.set_label(np.concatenate([group.labels for group in groups]))
+        if resumed is not None:
+            go_on_from(train_set, resumed, groups)
         return train_set
 
     def metrics(self, model: lgb.Booster) -> dict[str, float]:
         sums = sum((metric_sums(np.asarray(model.predict(x)), y, self.num_classes)
-                    for x, y in self.share.test_chunks()), start=np.zeros(1))
+                    for x, y in self.share.test_chunks()), start=no_sums(self.num_classes))
         return metrics_from_sums(self.ctx.sum_over_ranks(sums), self.num_classes)
 
 
@@ -189,7 +209,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
             raise lgb.callback.EarlyStopException(env.iteration, env.evaluation_result_list)
 
     if ctx.start_step < ctx.total_steps:
-        train_set = data.train_set(params)
+        train_set = data.train_set(params, booster) if ctx.streamed else data.train_set(params)
         booster = lgb.train(params, train_set, num_boost_round=ctx.total_steps - ctx.start_step,
                             init_model=booster, valid_sets=[train_set], valid_names=["train"],
                             callbacks=[each_round])

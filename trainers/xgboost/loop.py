@@ -28,6 +28,7 @@ from trainers.boosting import (
     metric_sums,
     metrics_from_sums,
     native_stderr_silenced,
+    no_sums,
     num_classes_of,
     test_metrics,
     worker_rows,
@@ -125,7 +126,7 @@ def streamed_data(share, tcfg: Mapping[str, Any], params: dict, local_dir: Path)
 
     def evaluate(model: xgb.Booster) -> dict[str, float]:
         sums = sum((metric_sums(model.predict(xgb.DMatrix(x)), y, share.num_classes)
-                    for x, y in share.test_chunks()), start=np.zeros(1))
+                    for x, y in share.test_chunks()), start=no_sums(share.num_classes))
         sums = np.asarray(sums, dtype=np.float64)
         if xgb.collective.is_distributed():
             sums = xgb.collective.allreduce(sums, xgb.collective.Op.SUM)
