@@ -70,6 +70,11 @@ def test_every_option_composes_and_types(override):
         (["failure.spare_after_s=-1"], "failure.spare_after_s=-1"),
         (["cluster.keep_alive=inf"], "cluster.keep_alive=inf"),  # a service could not wait so long
         (["cluster.keep_alive=1e12"], "cluster.keep_alive=1000000000000.0"),
+        # a key of the user's own, without Hydra's +: the + is named
+        (["trainer=xgboost", "trainer.params.eval_metric=auc"],
+         "trainer.params.eval_metric: not in trainer.params yet: a key of your own there is "
+         "added with a leading +: +trainer.params.eval_metric=..."),
+        (["trainer.lrr=1"], "trainer.lrr: unknown key"),
     ],
 )
 def test_bad_overrides_name_the_key(overrides, key):

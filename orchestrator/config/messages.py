@@ -10,6 +10,11 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from orchestrator.errors import ConfigError, one_line
 
+# Nodes whose keys are the user's (a library's parameters, a _target_'s keyword arguments):
+# a key not there yet needs Hydra's +, which "unknown key" alone never said.
+OPEN_NODES = {"params", "model", "loss", "step_fn", "optimizer", "scheduler", "train", "eval",
+              "collate_fn", "resources"}
+
 _TYPE_NAMES = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false",
                "String": "a string"}
 
@@ -27,6 +32,10 @@ def composition_error(exc: Exception, prefix: str = "") -> str:
             return f"{key}={value!r} is not allowed: {wanted}"
         return f"{key}: {one_line(cause)}"
     if isinstance(cause, ConfigKeyError) or "not in struct" in str(cause) or "not in '" in str(cause):
+        parent = (key or "").rpartition(".")[0]
+        if parent.rpartition(".")[2] in OPEN_NODES:  # keys of the user's choosing: Hydra's +
+            return (f"{key}: not in {parent} yet: a key of your own there is added with a "
+                    f"leading +: +{key}=...")
         return f"{key}: unknown key (see `python -m orchestrator --cfg job` for the keys)"
     return f"{key}: {one_line(cause)}" if key else one_line(exc)
 
