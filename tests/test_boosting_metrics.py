@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from orchestrator.errors import ConfigError
 from orchestrator.worker.training_function import check_training
 from trainers.boosting import held_out_names, metric_sums, metrics_from_sums
 from trainers.boosting import test_metrics as metrics_of_all_rows
@@ -101,3 +102,26 @@ def test_a_rank_without_held_out_rows_adds_sums_of_the_others_length(classes):
     sums = metric_sums(prediction, y, classes)
     assert no_sums(classes).shape == sums.shape
     assert metrics_from_sums(sums + no_sums(classes), classes) == metrics_from_sums(sums, classes)
+
+
+@pytest.mark.parametrize("trainer, params, message", [
+    ("lightgbm", {"eta": 0.5}, "trainer.params.eta: LightGBM takes it as the trainer's own "
+                               "trainer.learning_rate, which wins"),
+    ("lightgbm", {"min_child_samples": 200}, "trainer.min_data_in_leaf"),
+    ("lightgbm", {"n_estimators": 7}, "trainer.params.n_estimators: the rounds are "
+                                      "trainer.num_boost_round"),
+    ("lightgbm", {"early_stopping_round": 3}, "early stopping is not supported"),
+    ("xgboost", {"lambda": 100}, "trainer.params.lambda: XGBoost takes it as the trainer's own "
+                                 "trainer.reg_lambda"),
+    ("xgboost", {"n_estimators": 7}, "the rounds are trainer.num_boost_round"),
+])
+def test_params_the_run_would_ignore_or_that_change_its_rounds_are_refused(trainer, params,
+                                                                           message):
+    """LightGBM lets the trainer's own name beat an alias, silently (each of these left the
+    model file as before); a round count in params made every round past the trainer's a
+    final one (a checkpoint each)."""
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_training({"fn": f"trainers.{trainer}.train:main", "params": params},
+                       {"task": "classification", "outputs": 2})
+    check_training({"fn": f"trainers.{trainer}.train:main", "params": {"max_bin": 63}},
+                   {"task": "classification", "outputs": 2})  # a parameter of its own: passes

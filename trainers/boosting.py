@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
 
+from orchestrator.errors import ConfigError
+
 
 def worker_rows(num_rows: int, rank: int, world_size: int) -> np.ndarray:
     """Every world_size-th row: a resize re-shards the same data over the new workers."""
@@ -114,6 +116,26 @@ def after_round(ctx, rounds: int, metrics: dict, samples: int, evaluate: Callabl
     if ctx.should_save(rounds):
         ctx.save(rounds, lambda folder: write(folder) if ctx.rank == 0 else None)
     return ctx.should_preempt()
+
+
+def check_params(params: Mapping[str, Any], ours: Mapping[str, set[str]], rounds: set[str],
+                 stopping: set[str], library: str) -> None:
+    """trainer.params keys that would be ignored or change the run behind its back: another
+    name of a parameter the trainer sets (``ours``: trainer key -> the library's names for it;
+    the library's main name wins over an alias, silently), the round count (the run's steps
+    are trainer.num_boost_round) or early stopping (the trainer evaluates no validation set)."""
+    for key in params or {}:
+        owner = next((k for k, names in ours.items() if key in names and key != k), None)
+        if owner is not None:
+            raise ConfigError(f"trainer.params.{key}: {library} takes it as the trainer's own "
+                              f"trainer.{owner}, which wins: set trainer.{owner}")
+        if key in rounds:
+            raise ConfigError(f"trainer.params.{key}: the rounds are trainer.num_boost_round "
+                              "(the run's steps, checkpoints and resume count them)")
+        if key in stopping:
+            raise ConfigError(f"trainer.params.{key}: early stopping is not supported (the run "
+                              "evaluates no validation set while it trains); set "
+                              "trainer.num_boost_round")
 
 
 def boosting_error_line(exc: BaseException) -> str:

@@ -26,6 +26,7 @@ from orchestrator.worker_api import WorkerContext
 from trainers.boosting import (
     after_round,
     boosting_error_line,
+    check_params,
     held_out_names,
     metric_sums,
     metrics_from_sums,
@@ -63,6 +64,9 @@ def check_config(cfg: Mapping[str, Any]) -> list[str] | None:
     names of the metrics the run will report (its evaluation log says the training ones), or
     None when the data does not say how many classes it has."""
     config = cfg["trainer"]
+    aliases = lgb.basic._ConfigAliases.get  # LightGBM's own table of its parameters' names
+    check_params(config.get("params"), {k: aliases(k) for k in PARAM_KEYS},
+                 aliases("num_iterations"), aliases("early_stopping_round"), "LightGBM")
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(40, 2)), np.tile([0.0, 1.0], 20)
     known = num_classes_of(cfg["data"])

@@ -24,6 +24,7 @@ from orchestrator.worker_api import WorkerContext
 from trainers.boosting import (
     after_round,
     boosting_error_line,
+    check_params,
     held_out_names,
     metric_sums,
     metrics_from_sums,
@@ -36,6 +37,12 @@ from trainers.boosting import (
 
 PARAM_KEYS = ("max_depth", "eta", "subsample", "colsample_bytree", "min_child_weight",
               "reg_lambda", "tree_method", "max_bin")
+
+
+# XGBoost's other names of the parameters the trainer sets, and of the round count.
+XGBOOST_NAMES = {"eta": {"eta", "learning_rate"}, "reg_lambda": {"reg_lambda", "lambda"}}
+XGBOOST_ROUNDS = {"num_boost_round", "n_estimators", "num_round", "num_rounds", "nrounds"}
+XGBOOST_STOPPING = {"early_stopping_rounds", "early_stopping_round"}
 
 
 def default_objective(num_classes: int) -> str:
@@ -60,6 +67,7 @@ def check_config(cfg: Mapping[str, Any]) -> list[str] | None:
     names of the metrics the run will report (its evaluation log says the training ones), or
     None when the data does not say how many classes it has."""
     config = cfg["trainer"]
+    check_params(config.get("params"), XGBOOST_NAMES, XGBOOST_ROUNDS, XGBOOST_STOPPING, "XGBoost")
     x = np.array([[0.0], [1.0], [0.0], [1.0]], dtype=np.float32)
     y = np.array([0, 1, 0, 1], dtype=np.float32)
     known = num_classes_of(cfg["data"])
