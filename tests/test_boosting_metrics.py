@@ -4,6 +4,7 @@ metrics of all the rows at once; the driver's check names the metrics the loop r
 from __future__ import annotations
 
 import importlib
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -125,3 +126,26 @@ def test_params_the_run_would_ignore_or_that_change_its_rounds_are_refused(train
                        {"task": "classification", "outputs": 2})
     check_training({"fn": f"trainers.{trainer}.train:main", "params": {"max_bin": 63}},
                    {"task": "classification", "outputs": 2})  # a parameter of its own: passes
+
+
+@pytest.mark.parametrize("trainer, objective, classes, refusal", [
+    ("xgboost", "multi:softmax", 3, "does not give class probabilities for the data's 3 classes"),
+    ("xgboost", "binary:logitraw", 2, "does not give class probabilities"),
+    ("xgboost", "reg:squarederror", 3, "does not give class probabilities"),
+    ("xgboost", "binary:logistic", 3, "XGBoost refuses it: label must be in (0, 1)"),
+    ("lightgbm", "binary", 3, "does not give class probabilities"),
+    ("lightgbm", "regression", 3, "does not give class probabilities"),
+    ("xgboost", "multi:softprob", 3, None), ("lightgbm", "multiclass", 3, None),
+    ("xgboost", "binary:logistic", 2, None),
+])
+def test_an_objective_is_tried_on_the_datas_classes_and_must_give_probabilities(
+        trainer, objective, classes, refusal):
+    """Tried on labels 0 and 1 only, these passed the check, then crashed on a worker at the
+    first round or after the last (the metrics), or reported nonsense."""
+    keys = {"fn": f"trainers.{trainer}.train:main", "objective": objective}
+    data = {"task": "classification", "outputs": classes}
+    if refusal is None:
+        check_training(keys, data)
+        return
+    with pytest.raises(ConfigError, match=r"^trainer.objective: .*" + re.escape(refusal)):
+        check_training(keys, data)

@@ -4,6 +4,7 @@ worker API, and the final metrics."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
@@ -138,11 +139,39 @@ def check_params(params: Mapping[str, Any], ours: Mapping[str, set[str]], rounds
                               "trainer.num_boost_round")
 
 
+def tiny_problem(classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """A few rows of labels 0..classes-1 (2 when the data does not say), for the check."""
+    classes = classes or 2
+    y = np.arange(8 * classes) % classes
+    x = np.column_stack([y + 0.1 * np.sin(np.arange(len(y))), np.cos(np.arange(len(y)))])
+    return x.astype(np.float32), y.astype(np.float32)
+
+
+def check_probabilities(prediction: np.ndarray, classes: int, key: str, objective: str) -> None:
+    """A classifier's held-out metrics read its predictions as class probabilities (P(class 1)
+    a row for two classes, a row of k summing to 1 for more): an objective that gives margins,
+    class ids or scores trains to the end, then its metrics are nonsense or fail."""
+    prediction = np.asarray(prediction, dtype=np.float64)
+    want = (len(prediction),) if classes == 2 else (len(prediction), classes)
+    fine = prediction.shape == want and np.all((prediction >= 0) & (prediction <= 1))
+    if fine and classes > 2:
+        fine = bool(np.allclose(prediction.sum(1), 1.0, atol=1e-4))
+    if not fine:
+        raise ConfigError(
+            f"{key}: the objective {objective!r} does not give class probabilities for the "
+            f"data's {classes} classes (its predictions: shape {prediction.shape}), which the "
+            "held-out metrics read: use the default (null), or data.task=regression for a "
+            "number to predict")
+
+
 def boosting_error_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     # XGBoost and LightGBM put the useful sentence after a location prefix.
     useful = [ln for ln in lines if "rror" in ln or "nknown" in ln or "nvalid" in ln]
-    return (useful or lines or [type(exc).__name__])[0][:300]
+    line = (useful or lines or [type(exc).__name__])[0]
+    # XGBoost's "[00:11:46] /__w/xgboost/xgboost/src/objective/regression_obj.cu:114: Check
+    # failed: ...": its clock and source file say nothing to the user.
+    return re.sub(r"^\[[\d:.]+\]\s*(\S+\.(cu|cc|h):\d+:\s*)?", "", line)[:300]
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from trainers.boosting import (
     after_round,
     boosting_error_line,
     check_params,
+    check_probabilities,
     held_out_names,
     metric_sums,
     metrics_from_sums,
@@ -34,6 +35,7 @@ from trainers.boosting import (
     no_sums,
     num_classes_of,
     test_metrics,
+    tiny_problem,
     worker_rows,
 )
 
@@ -67,20 +69,22 @@ def check_config(cfg: Mapping[str, Any]) -> list[str] | None:
     aliases = lgb.basic._ConfigAliases.get  # LightGBM's own table of its parameters' names
     check_params(config.get("params"), {k: aliases(k) for k in PARAM_KEYS},
                  aliases("num_iterations"), aliases("early_stopping_round"), "LightGBM")
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(40, 2)), np.tile([0.0, 1.0], 20)
     known = num_classes_of(cfg["data"])
     classes = 2 if known is None else known
+    x, y = tiny_problem(classes)
     logged: dict = {}
+    params = booster_params(config, classes, 0)
+    key = "trainer.objective" if config.get("objective") else "trainer.params"
     try:
         with native_stderr_silenced():
             train_set = lgb.Dataset(x, label=y)
-            lgb.train(booster_params(config, classes, 0), train_set, num_boost_round=1,
-                      valid_sets=[train_set], valid_names=["train"],
-                      callbacks=[lgb.record_evaluation(logged)])
+            model = lgb.train(params, train_set, num_boost_round=1, valid_sets=[train_set],
+                              valid_names=["train"], callbacks=[lgb.record_evaluation(logged)])
+            prediction = model.predict(x)
     except lgb.basic.LightGBMError as exc:
-        key = "trainer.objective" if config.get("objective") else "trainer.params"
         raise ConfigError(f"{key}: LightGBM refuses it: {boosting_error_line(exc)}") from exc
+    if classes:
+        check_probabilities(prediction, classes, key, params["objective"])
     if known is None:  # the metrics depend on the classes (test_auc for two)
         return None
     return held_out_names(classes) + [f"train_{name}" for name in logged.get("train", {})]

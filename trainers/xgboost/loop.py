@@ -25,6 +25,7 @@ from trainers.boosting import (
     after_round,
     boosting_error_line,
     check_params,
+    check_probabilities,
     held_out_names,
     metric_sums,
     metrics_from_sums,
@@ -32,6 +33,7 @@ from trainers.boosting import (
     no_sums,
     num_classes_of,
     test_metrics,
+    tiny_problem,
     worker_rows,
 )
 
@@ -68,19 +70,22 @@ def check_config(cfg: Mapping[str, Any]) -> list[str] | None:
     None when the data does not say how many classes it has."""
     config = cfg["trainer"]
     check_params(config.get("params"), XGBOOST_NAMES, XGBOOST_ROUNDS, XGBOOST_STOPPING, "XGBoost")
-    x = np.array([[0.0], [1.0], [0.0], [1.0]], dtype=np.float32)
-    y = np.array([0, 1, 0, 1], dtype=np.float32)
     known = num_classes_of(cfg["data"])
     classes = 2 if known is None else known
+    x, y = tiny_problem(classes)
     logged: dict = {}
+    params = booster_params(config, classes, 0)
+    key = "trainer.objective" if config.get("objective") else "trainer.params"
     try:
         with native_stderr_silenced():
             matrix = xgb.DMatrix(x, label=y)
-            xgb.train(booster_params(config, classes, 0), matrix, num_boost_round=1,
-                      evals=[(matrix, "train")], evals_result=logged, verbose_eval=False)
+            model = xgb.train(params, matrix, num_boost_round=1, evals=[(matrix, "train")],
+                              evals_result=logged, verbose_eval=False)
+            prediction = model.predict(matrix)
     except xgb.core.XGBoostError as exc:
-        key = "trainer.objective" if config.get("objective") else "trainer.params"
         raise ConfigError(f"{key}: XGBoost refuses it: {boosting_error_line(exc)}") from exc
+    if classes:
+        check_probabilities(prediction, classes, key, params["objective"])
     if known is None:  # the metrics depend on the classes (test_auc for two)
         return None
     return held_out_names(classes) + [f"train_{name}" for name in logged.get("train", {})]
