@@ -92,6 +92,12 @@ def test_a_parquet_label_says_its_task_only_when_it_is_unambiguous(tmp_path):
     assert data_facts(regression).outputs == 1
     data = load_dataset(regression, seed=0)
     assert data.task == "regression" and data.num_classes == 0 and data.y_train.dtype == np.float32
+    pq.write_table(pa.table({"a": x[:, 0], "kind": np.array(["x", "y"] * 100)}),
+                   tmp_path / "text.parquet")
+    with pytest.raises(ConfigError, match=r"data.task=regression: the label column 'kind' holds "
+                       r"string, not numbers"):
+        data_facts(DataConfig(name="parquet", path=str(tmp_path / "text.parquet"), label="kind",
+                              task="regression"))
     # One class is no classification (XGBoost said "trainer.params: ... num_class" of it).
     pq.write_table(pa.table({"a": x[:, 0], "kind": np.ones(200, dtype=np.int64)}),
                    tmp_path / "one.parquet")

@@ -51,8 +51,16 @@ def test_nonfinite_parquet_values_are_refused_by_the_driver_naming_the_path_and_
     assert message.startswith(f"data.path={dirty!r}: 85 missing, NaN or infinite values "
                               "(40 in 'a', 40 in 'y', 3 in 'b' and 1 more column)"), message
     assert "data.allow_nonfinite=true" in message and "\n" not in message
-    # Allowed (a boosting trainer takes NaN as missing): the data's shape is filled in.
-    node = completed("data=parquet", f"data.path={dirty}", "data.label=y",
+    # Allowed for features (a boosting trainer takes NaN as missing), never for the label:
+    # XGBoost failed on every worker ("Label contains NaN"), LightGBM reported test_rmse nan.
+    with pytest.raises(ConfigError, match=r"^data.label='y': 40 rows of data.path=.* have a "
+                       r"missing, NaN or infinite label"):
+        completed("data=parquet", f"data.path={dirty}", "data.label=y",
+                  "data.task=regression", "data.allow_nonfinite=true")
+    table = pq.read_table(dirty)
+    clean_label = dirty.replace("dirty", "clean-label")
+    pq.write_table(table.set_column(3, "y", pa.array(np.arange(2000.0))), clean_label)
+    node = completed("data=parquet", f"data.path={clean_label}", "data.label=y",
                      "data.task=regression", "data.allow_nonfinite=true")
     assert (node.data.features, node.data.outputs) == (3, 1)
 

@@ -62,7 +62,13 @@ def data_facts(cfg: DataConfig, storage: StorageSpec | None = None,
         rows = dataset.count_rows()  # from the footers
         if rows < 2:  # one row to train on and one held out, at the least
             raise ConfigError(f"data.path={cfg.path!r}: {rows} rows; training needs 2 or more")
-        task = parquet_task(cfg, dataset.schema.field(cfg.label).type)
+        label_type = dataset.schema.field(cfg.label).type
+        task = parquet_task(cfg, label_type)
+        if task == "regression" and not (pa.types.is_integer(label_type) or
+                                         pa.types.is_floating(label_type) or
+                                         pa.types.is_decimal(label_type)):
+            raise ConfigError(f"data.task=regression: the label column {cfg.label!r} holds "
+                              f"{label_type}, not numbers: data.task=classification for classes")
         outputs = 1
         if task == "classification":  # the label column a batch at a time: data of any size
             import pyarrow.compute as pc

@@ -39,17 +39,22 @@ def nonfinite_counts(dataset, columns: list[str]) -> dict[str, int] | None:
 
 def check_finite(cfg: DataConfig, dataset) -> None:
     """One line naming data.path, how many values and where, unless data.allow_nonfinite."""
-    if cfg.allow_nonfinite:
-        return
+    # data.allow_nonfinite is for features (boosters take them as missing values): a label
+    # without a value is none, whatever it says.
+    features = [] if cfg.allow_nonfinite else \
+        feature_columns(dataset.schema.names, cfg.label, cfg.columns, cfg.path)
     try:
-        columns = [*feature_columns(dataset.schema.names, cfg.label, cfg.columns, cfg.path),
-                   cfg.label]
-        counts = nonfinite_counts(dataset, columns)
+        counts = nonfinite_counts(dataset, [*features, cfg.label])
     except (OSError, pa.ArrowInvalid) as exc:  # a file past those whose footers were checked
         raise ConfigError(f"data.path={cfg.path!r}: cannot be read ({one_line(exc)[:200]})") \
             from None
     if not counts:
         return
+    if cfg.label in counts and (cfg.allow_nonfinite or len(counts) == 1):
+        raise ConfigError(
+            f"data.label={cfg.label!r}: {counts[cfg.label]} rows of data.path={cfg.path!r} have "
+            "a missing, NaN or infinite label: a row without a target trains nothing (data."
+            "allow_nonfinite is for features): drop those rows")
     worst = sorted(counts.items(), key=lambda kv: -kv[1])
     where = ", ".join(f"{n} in {name!r}" for name, n in worst[:3])
     more = len(worst) - 3

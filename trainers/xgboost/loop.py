@@ -124,9 +124,21 @@ class ShareChunks(xgb.DataIter):
         self._chunks = None
 
 
+class StreamedNeedsHist(ValueError):
+    """Not retried: every restart would meet it again."""
+
+    retry = False
+
+
 def streamed_data(share, tcfg: Mapping[str, Any], params: dict, local_dir: Path):
     """(train matrix, its rows, evaluate): this rank's share of streamed parquet (ctx.share());
     held-out metrics are sums over the ranks' own test rows (xgboost's all-reduce)."""
+    if params.get("tree_method", "hist") != "hist" or params.get("booster") == "gblinear":
+        raise StreamedNeedsHist(
+            f"streamed data is read into XGBoost's QuantileDMatrix, which trains trees with "
+            f"tree_method=hist only (trainer.tree_method={params.get('tree_method')!r}, "
+            f"booster={params.get('booster', 'gbtree')!r}): use hist and gbtree or dart, or "
+            "data.stream=false")
     if tcfg.get("external_memory"):  # the quantised pages live in the worker's local disk
         # (ctx.local_dir: a killed worker's pages, as large as its share, go with its folder)
         folder = tempfile.mkdtemp(prefix="xgb-extmem-", dir=local_dir)
