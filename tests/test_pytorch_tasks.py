@@ -288,6 +288,11 @@ def test_held_out_metrics_read_binary_outputs_padding_tokens_and_several_targets
     sums.add(logits, padding_only, F.cross_entropy(logits.reshape(-1, 3), padding_only.reshape(-1)))
     metrics = sums.reduce(None)
     assert metrics["test_accuracy"] == 1.0 and metrics["test_loss"] < 1e-6, metrics
+    # A rank whose batches hold padding only keeps the same sums (stacked by key for one
+    # all-reduce with the other ranks').
+    alone = MetricSums("language_model", ["accuracy", "loss"], CPU)
+    alone.add(logits, padding_only, F.cross_entropy(logits.reshape(-1, 3), padding_only.reshape(-1)))
+    assert set(alone.sums) == set(sums.sums)
 
     # Regression with two targets a row: mse over every value, r2 the columns' mean.
     y = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [4.0, 40.0]])

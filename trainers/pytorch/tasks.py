@@ -142,8 +142,10 @@ class MetricSums:
         else:
             count = float(counted.sum()) if counted is not None else float(target.numel())
         self._add("count", torch.tensor(count * weight, device=self.device))
-        if count:  # a batch of nothing but ignored targets has a NaN mean loss
-            self._add("loss", one_number(loss, "the loss", self.device) * count * weight)
+        # A batch of nothing but ignored targets has a NaN mean loss: it adds 0 (the key all
+        # the same: every rank's sums are stacked by their keys for one all-reduce).
+        self._add("loss", one_number(loss, "the loss", self.device) * count * weight if count
+                  else torch.zeros((), dtype=torch.float64, device=self.device))
         if "accuracy" in self.names:
             correct = predicted_classes(output, target, threshold) == target
             self._add("correct", (correct if counted is None else correct & counted).sum() * weight)
@@ -183,7 +185,7 @@ class MetricSums:
             all_reduce(stacked)
         total = dict(zip(keys, stacked.tolist(), strict=True))
         n = max(total.pop("count"), 1e-12)
-        loss = total.pop("loss", 0.0) / n
+        loss = total.pop("loss") / n
         out: dict[str, float] = {}
         # A metric whose sums were not kept is left out: a step function gives the loss and
         # its own means only, not the output that accuracy, mse, r2 or a metric fn need (the
