@@ -135,7 +135,8 @@ class ClassBeyondOutputs(IndexError):
 
 def classes_beyond_outputs(exc: IndexError, output: torch.Tensor, target: torch.Tensor):
     """Torch's message, with what it means for the user's model where that is plain."""
-    if output.dim() < 2 or target.is_floating_point() or not target.numel():
+    if not isinstance(output, torch.Tensor) or not isinstance(target, torch.Tensor) or \
+            output.dim() < 2 or target.is_floating_point() or not target.numel():
         return exc
     width, largest = output.shape[-1], int(target.max())
     if largest < width:
