@@ -98,6 +98,13 @@ def test_a_parquet_label_says_its_task_only_when_it_is_unambiguous(tmp_path):
                        r"string, not numbers"):
         data_facts(DataConfig(name="parquet", path=str(tmp_path / "text.parquet"), label="kind",
                               task="regression"))
+    # A held-out file with a class the training data lacks: said by the driver (in memory,
+    # the workers found it out, each failing in turn).
+    pq.write_table(pa.table({"a": x[:20, 0], "kind": np.arange(20) % 6}), tmp_path / "held.parquet")
+    with pytest.raises(ConfigError, match=r"data.eval_path=.*held.parquet': label values that "
+                       r"data.path does not have \(4, 5\)"):
+        data_facts(DataConfig(name="parquet", path=path, label="kind", columns=["a"],
+                              eval_path=str(tmp_path / "held.parquet")))
     # One class is no classification (XGBoost said "trainer.params: ... num_class" of it).
     pq.write_table(pa.table({"a": x[:, 0], "kind": np.ones(200, dtype=np.int64)}),
                    tmp_path / "one.parquet")

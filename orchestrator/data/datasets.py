@@ -82,6 +82,16 @@ def data_facts(cfg: DataConfig, storage: StorageSpec | None = None,
                     f"{'one value (' + repr(values[0].as_py()) + ')' if outputs else 'no value'}: "
                     "a classifier needs two classes or more; a number to predict is "
                     "data.task=regression")
+            if cfg.eval_path:  # its classes must be data.path's (the workers found out, in memory)
+                held_out = check_parquet(eval_config(cfg), storage, "data.eval_path")
+                found = [pc.unique(b.column(0)) for b in held_out.to_batches(columns=[cfg.label])]
+                unknown = sorted(set(pc.unique(pa.concat_arrays(found)).drop_null().to_pylist())
+                                 - set(values.to_pylist()), key=str)
+                if unknown:
+                    raise ConfigError(
+                        f"data.eval_path={cfg.eval_path!r}: label values that data.path does not "
+                        f"have ({', '.join(map(repr, unknown[:3]))}): a model trained there has "
+                        "no class for them")
         features = feature_columns(dataset.schema.names, cfg.label, cfg.columns, cfg.path)
         return DataFacts(len(features), outputs, task)
     return None
