@@ -70,11 +70,8 @@ def data_facts(cfg: DataConfig, storage: StorageSpec | None = None,
             raise ConfigError(f"data.task=regression: the label column {cfg.label!r} holds "
                               f"{label_type}, not numbers: data.task=classification for classes")
         outputs = 1
-        if task == "classification":  # the label column a batch at a time: data of any size
-            import pyarrow.compute as pc
-
-            distinct = [pc.unique(b.column(0)) for b in dataset.to_batches(columns=[cfg.label])]
-            values = pc.unique(pa.concat_arrays(distinct)).drop_null()
+        if task == "classification":
+            values = distinct_labels(dataset, cfg.label)
             outputs = len(values)
             if outputs < 2:
                 raise ConfigError(
@@ -84,8 +81,7 @@ def data_facts(cfg: DataConfig, storage: StorageSpec | None = None,
                     "data.task=regression")
             if cfg.eval_path:  # its classes must be data.path's (the workers found out, in memory)
                 held_out = check_parquet(eval_config(cfg), storage, "data.eval_path")
-                found = [pc.unique(b.column(0)) for b in held_out.to_batches(columns=[cfg.label])]
-                unknown = sorted(set(pc.unique(pa.concat_arrays(found)).drop_null().to_pylist())
+                unknown = sorted(set(distinct_labels(held_out, cfg.label).to_pylist())
                                  - set(values.to_pylist()), key=str)
                 if unknown:
                     raise ConfigError(
@@ -95,6 +91,14 @@ def data_facts(cfg: DataConfig, storage: StorageSpec | None = None,
         features = feature_columns(dataset.schema.names, cfg.label, cfg.columns, cfg.path)
         return DataFacts(len(features), outputs, task)
     return None
+
+
+def distinct_labels(dataset, label: str) -> pa.Array:
+    """The label column's distinct values but null, read a batch at a time: data of any size."""
+    import pyarrow.compute as pc
+
+    found = [pc.unique(b.column(0)) for b in dataset.to_batches(columns=[label])]
+    return pc.unique(pa.concat_arrays(found)).drop_null()
 
 
 def parquet_task(cfg: DataConfig, label_type: pa.DataType) -> str:
