@@ -47,18 +47,41 @@ def test_command_lines_are_read_as_python_and_torchrun_read_them(command, argv, 
     ("", "trainer.command: a value is required"),
     ("torchrun --nproc-per-node=2", "names no script after torchrun's flags"),
     ("torchrun --nprocs=2 t.py", "--nprocs is not a torchrun flag"),
-    ("torchrun --nproc-per-node=auto t.py", "--nproc-per-node=auto is not allowed here"),
     ("torchrun --nnodes=3:1 t.py", "--nnodes=3:1 is not allowed: MIN:MAX with MIN <= MAX"),
     ("python 'unclosed", "cannot be read as a command line"),
-    ("python t.py 2>&1 | tee log.txt", "'2>&1' is a shell's, and the command is not run by a shell"),
+    ("python t.py 2>&1 | tee log.txt",
+     "'>' in '2>&1' is a shell's, and the command is not run by a shell"),
     ("python t.py > log.txt", "'>' is a shell's"),
+    # operators a shell reads inside a word, not only as a word of their own
+    ("python train.py 50 10|tee log", "'|' in '10|tee' is a shell's"),
+    ("python train.py --epochs 3; python eval.py", "';' in '3;' is a shell's"),
+    ('python t.py --tag "$(date)"', "'$(' in '\"$(date)\"' is a shell's"),
     ("CUDA_VISIBLE_DEVICES=0,1 torchrun t.py", "CUDA_VISIBLE_DEVICES is set for each worker"),
+    # what each rank's script is given is not the command's to set
+    ("LOCAL_WORLD_SIZE=8 python t.py", "LOCAL_WORLD_SIZE is set for each worker"),
+    ("CHECKPOINT_DIR=./ckpt python t.py", "CHECKPOINT_DIR is set for each worker"),
+    ("TORCHELASTIC_RESTART_COUNT=0 python t.py", "TORCHELASTIC_RESTART_COUNT is set for each"),
+    # a torchrun started by another program would be every worker's own launcher
+    ("uv run torchrun --nproc-per-node=2 t.py", "torchrun inside another program (uv)"),
+    ("env OMP_NUM_THREADS=4 torchrun t.py", "torchrun inside another program (env)"),
     ("torchrun --use-env t.py", "--use-env is not a torchrun flag"),
 ])
 def test_bad_command_lines_are_one_line_naming_the_key(command, says):
     with pytest.raises(ConfigError, match="trainer.command") as err:
         parse_command(command)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("python t.py --sep '|' --filter '>0.5' --op '<'",
+     ["python", "t.py", "--sep", "|", "--filter", ">0.5", "--op", "<"]),
+    ('python t.py --x "a;b" \\| c', ["python", "t.py", "--x", "a;b", "|", "c"]),
+    ("torchrun --nproc-per-node=2 -- t.py --lr 1", ["python", "t.py", "--lr", "1"]),
+    ("python -c 'import t; t.main()' --lr 1", ["python", "-c", "import t; t.main()", "--lr", "1"]),
+])
+def test_quoted_operators_the_end_of_flags_and_code_on_the_line_are_read_as_a_shell_would(
+        command, argv):
+    assert parse_command(command).argv == argv
 
 
 def test_a_shells_assignments_and_the_legacy_launchers_local_rank_reach_the_script():
@@ -90,6 +113,12 @@ def test_torchrun_flags_size_the_run_unless_the_command_line_says_otherwise(tmp_
     plain = {**trainer, "command": "torchrun --standalone t.py"}
     assert cluster_from_command(plain, {"workers": 2}, set()) == {"workers": 1}
     assert cluster_from_command(plain, {"workers": 3}, {"workers"}) == {}
+    # --nproc-per-node=auto counts a node's devices, which Ray places: cluster.workers sizes it
+    auto = {**trainer, "command": "torchrun --nproc-per-node=auto t.py"}
+    with pytest.raises(ConfigError, match="--nproc-per-node=auto counts a node's devices.*"
+                                          "give cluster.workers=N"):
+        cluster_from_command(auto, {"workers": 2}, set())
+    assert cluster_from_command(auto, {"workers": 4}, {"workers"}) == {}
     (tmp_path / "t.py").write_text("dist.init_process_group(backend='nccl')\n")
     with pytest.raises(ConfigError, match="asks for the nccl backend, which needs GPUs"):
         cluster_from_command(trainer, {"gpus_per_worker": 0}, set())
@@ -107,7 +136,15 @@ def test_the_script_must_exist_and_checkpoint_files_stay_inside_the_workdir(tmp_
     check_script({"trainer": ok})
     with pytest.raises(ConfigError, match="the script 'nope.py' does not exist in trainer.workdir="):
         check_script({"trainer": {**ok, "command": "python nope.py"}})
-    for bad in ("../x.pt", "/etc/x", "~/x.pt", "a/../../x", "**/*.pt", "*/snapshot.pt"):
+    # a program of its own must be one the workers can run
+    (tmp_path / "run.sh").write_text("#!/bin/sh\npython train.py\n")
+    with pytest.raises(ConfigError, match="'./run.sh' in .* is not executable"):
+        check_script({"trainer": {**ok, "command": "./run.sh"}})
+    (tmp_path / "run.sh").chmod(0o755)
+    check_script({"trainer": {**ok, "command": "./run.sh"}})
+    with pytest.raises(ConfigError, match="the program 'pyhton' is not on PATH"):
+        check_script({"trainer": {**ok, "command": "pyhton train.py"}})
+    for bad in ("../x.pt", "/etc/x", "~/x.pt", "a/../../x", "**/*.pt", "*/snapshot.pt", "."):
         with pytest.raises(ConfigError, match="trainer.checkpoint_files: .* is not allowed"):
             check_script({"trainer": {**ok, "checkpoint_files": [bad]}})
 
@@ -150,10 +187,55 @@ def test_a_file_is_taken_only_once_closed_and_still_and_put_back_from_the_commit
     assert not CheckpointWatcher(work2, ckpt2, ["snapshot.pt"], tmp_path / "p2").poll()
 
 
-def test_a_folder_named_is_its_files_and_a_kill_takes_only_what_was_seen_closed(tmp_path):
+def test_a_snapshot_node_1_got_from_node_0_stays_node_0s_in_later_checkpoints(tmp_path):
+    """Rank 0 alone writes snapshot.pt (pytorch/examples' multinode.py). Node 1 starts from
+    node 0's copy, and keeps no copy of its own: the next restart gives it node 0's newer one."""
     user = tmp_path / "user"
     user.mkdir()
+    checkpoint = tmp_path / "c1"
+    (checkpoint / "node_0/work").mkdir(parents=True)
+    (checkpoint / "node_0/work/snapshot.pt").write_text("epoch 10")
+    nodes = {}
+    for node in (0, 1):
+        work, ckpt = make_node_folder(tmp_path / f"n{node}", user, ["snapshot.pt"])
+        restore_files(checkpoint, node, work, ckpt)
+        nodes[node] = (work, CheckpointWatcher(work, ckpt, ["snapshot.pt"],
+                                               tmp_path / f"p{node}", borrowed=node == 1))
+    assert (nodes[1][0] / "snapshot.pt").read_text() == "epoch 10"
+    (nodes[0][0] / "snapshot.pt").write_text("epoch 20")  # rank 0 saves
+    assert not nodes[0][1].poll() and nodes[0][1].poll()
+    later = tmp_path / "c2"
+    for node, (_, watcher) in nodes.items():
+        watcher.write_into(later, node)
+    assert (later / "node_0/work/snapshot.pt").read_text() == "epoch 20"
+    assert not (later / "node_1").exists()  # node 1 restores node 0's "epoch 20" next time
+    # A file node 1 writes itself is its own from then on.
+    (nodes[1][0] / "snapshot.pt").write_text("node 1's own")
+    assert not nodes[1][1].poll() and nodes[1][1].poll()
+    nodes[1][1].write_into(tmp_path / "c3", 1)
+    assert (tmp_path / "c3/node_1/work/snapshot.pt").read_text() == "node 1's own"
+
+
+def test_words_above_the_workdir_are_read_from_it_and_variables_as_a_shell_gives_them(tmp_path):
+    from trainers.script.files import outside_paths_absolute
+    from trainers.script.run import expand
+
+    workdir = tmp_path / "proj" / "exp"
+    argv = ["python", "../common/train.py", "--data", "../data/x.csv", "--out=../o", "data/y",
+            "-x..", ".."]
+    assert outside_paths_absolute(argv, workdir) == [
+        "python", str(tmp_path / "proj/common/train.py"), "--data", str(tmp_path / "proj/data/x.csv"),
+        f"--out={tmp_path / 'proj/o'}", "data/y", "-x..", str(tmp_path / "proj")]
+    env = {"CHECKPOINT_DIR": "/c", "HOME": "/h"}
+    assert [expand(w, env) for w in ("{checkpoint_dir}/a", "$CHECKPOINT_DIR/b", "${HOME}x",
+                                     "$NOT_SET", "50%")] == ["/c/a", "/c/b", "/hx", "$NOT_SET", "50%"]
+
+
+def test_a_folder_named_is_its_files_and_a_kill_takes_only_what_was_seen_closed(tmp_path):
+    user = tmp_path / "user"
+    (user / "ckpt").mkdir(parents=True)  # the script saves into it: ckpt/model.pt
     work, ckpt = make_node_folder(tmp_path / "node", user, ["ckpt", "snapshot.pt"])
+    assert (work / "ckpt").is_dir() and not (work / "ckpt").is_symlink()
     watcher = CheckpointWatcher(work, ckpt, ["ckpt", "snapshot.pt"], tmp_path / "pending")
     (work / "ckpt" / "step_1").mkdir(parents=True)  # a DCP or Hugging Face folder
     (work / "ckpt" / "step_1" / "model.bin").write_bytes(b"weights")

@@ -26,12 +26,14 @@ VALUE_FLAGS = {"nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint", "rdz
                "local-ranks-filter", "duplicate-stdout-filters", "duplicate-stderr-filters",
                "logs-specs", "event-log-handler", "numa-binding", "signals-to-handle",
                "shutdown-timeout", "r", "t"}
+DEVICE_COUNTS = ("auto", "cpu", "gpu")  # --nproc-per-node: as many as the node has
 BOOL_FLAGS = {"standalone", "no-python", "run-path", "module", "m", "virtual-local-rank"}
-# The command is not run by a shell: these words would reach the script as its arguments.
-SHELL_WORDS = re.compile(r"^(\||\|\||&&|;|&|<|\d?>>?.*|&>.*|\$\(.*|`.*)$")
 ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-RAYS_OWN = ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
-            "MASTER_PORT")
+# What each worker's script is given (trainers/script/run.py's script_env): not the command's.
+ORCHESTRATORS_OWN = ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                     "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                     "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                     "CHECKPOINT_DIR", "ORCHESTRATOR_METRICS_FILE")
 
 
 @dataclass(frozen=True)
@@ -73,16 +75,47 @@ def parse_command(command: str) -> ScriptCommand:
     if not argv:
         raise ConfigError("trainer.command: a value is required: the command that runs your "
                           "script, e.g. trainer.command=\"python train.py --epochs 10\"")
-    for word in argv:
-        if SHELL_WORDS.match(word):
-            raise ConfigError(f"trainer.command={command!r}: {word!r} is a shell's, and the "
-                              "command is not run by a shell: give the command alone (its "
-                              "output is kept in the run folder)")
+    operator = shell_operator(command)
+    if operator is not None:
+        raise ConfigError(f"trainer.command={command!r}: {operator} is a shell's, and the "
+                          "command is not run by a shell: give the command alone (its "
+                          "output is kept in the run folder)")
     named = launcher(argv)
     parsed = torchrun_command(argv, command, named) if named is not None else \
         plain_command(argv, command)
     return ScriptCommand(parsed.argv, parsed.script, parsed.nproc_per_node, parsed.nnodes,
                          parsed.torchrun_flags, env, named and argv[named - 1], parsed.args_at)
+
+
+def shell_operator(command: str) -> str | None:
+    """The first pipe, list, redirection or substitution outside quotes (``10|tee log``,
+    ``3; python eval.py``, ``2>&1``, ``$(date)``), said with its word; a quoted or escaped
+    one (``--sep '|'``) is a value."""
+    quote, i = None, 0
+    while i < len(command):
+        char = command[i]
+        if char == "\\" and quote != "'":
+            i += 2  # an escaped character is the word's
+            continue
+        if quote is not None:
+            if char == quote:
+                quote = None
+            elif quote == '"' and (char == "`" or command.startswith("$(", i)):
+                return operator_in_word(command, i, "`" if char == "`" else "$(")
+        elif char in "'\"":
+            quote = char
+        elif char in "|&;<>`" or command.startswith("$(", i):
+            return operator_in_word(command, i, "$(" if char == "$" else char)
+        i += 1
+    return None
+
+
+def operator_in_word(command: str, at: int, operator: str) -> str:
+    start = max(command.rfind(" ", 0, at), command.rfind("\t", 0, at)) + 1
+    end = min((j for j in (command.find(" ", at), command.find("\t", at)) if j >= 0),
+              default=len(command))
+    word = command[start:end]
+    return repr(operator) if word == operator else f"{operator!r} in {word!r}"
 
 
 def leading_assignments(argv: list[str], command: str) -> dict[str, str]:
@@ -93,9 +126,10 @@ def leading_assignments(argv: list[str], command: str) -> dict[str, str]:
         if not match:
             break
         name, value = match.groups()
-        if name in RAYS_OWN:
+        if name in ORCHESTRATORS_OWN or name.startswith("TORCHELASTIC_"):
+            how = " (GPUs: cluster.gpus_per_worker)" if name == "CUDA_VISIBLE_DEVICES" else ""
             raise ConfigError(f"trainer.command={command!r}: {name} is set for each worker by "
-                              "the orchestrator (GPUs: cluster.gpus_per_worker): leave it out")
+                              f"the orchestrator{how}: leave it out")
         env[name] = value
     return env
 
@@ -120,10 +154,17 @@ def launcher(argv: list[str]) -> int | None:
 
 def plain_command(argv: list[str], command: str) -> ScriptCommand:
     if not is_python(argv[0]):
+        wrapped = next((w for w in argv[1:] if Path(w).name == "torchrun" or w in TORCHRUN), None)
+        if wrapped is not None:
+            # uv run torchrun ..., env X=1 torchrun ...: every worker would start a torchrun
+            # of its own, with its own ranks.
+            raise ConfigError(f"trainer.command={command!r}: {wrapped} inside another program "
+                              f"({argv[0]}) is not read: give the torchrun line itself "
+                              "(NAME=value before it sets the script's environment)")
         return ScriptCommand(argv, argv[0] if "/" in argv[0] else None)  # a program of its own
     i = 1
     while i < len(argv) and argv[i].startswith("-"):
-        if argv[i] == "-m":
+        if argv[i] in ("-m", "-c"):  # a module, or code on the command line: no script file
             return ScriptCommand(argv, None)
         i += 1 + (argv[i] in PYTHON_VALUE_FLAGS)
     if i >= len(argv):
@@ -136,6 +177,9 @@ def torchrun_command(argv: list[str], command: str, start: int) -> ScriptCommand
     i = start
     legacy = argv[start - 1] == "torch.distributed.launch"
     while i < len(argv) and argv[i].startswith("-"):
+        if argv[i] == "--":  # the end of torchrun's flags
+            i += 1
+            break
         name, eq, value = argv[i].lstrip("-").partition("=")
         name = name.replace("_", "-")
         if not argv[i].startswith("--") and len(name) > 1 and name[0] in "rt" and not eq:
@@ -172,11 +216,8 @@ def torchrun_command(argv: list[str], command: str, start: int) -> ScriptCommand
 
 
 def positive(value, flag: str, command: str) -> int | None:
-    if value is None:
-        return None
-    if str(value) in ("auto", "cpu", "gpu"):
-        raise ConfigError(f"trainer.command={command!r}: {flag}={value} is not allowed here: a "
-                          "number (the workers come from Ray: set cluster.workers instead)")
+    if value is None or (flag == "--nproc-per-node" and str(value) in DEVICE_COUNTS):
+        return None  # the size is cluster.workers' (cluster_from_command)
     if not str(value).isdigit() or int(value) < 1:
         raise ConfigError(f"trainer.command={command!r}: {flag}={value} is not allowed: an "
                           "integer >= 1")
@@ -208,6 +249,14 @@ def cluster_from_command(trainer: dict, cluster: dict, given: set[str]) -> dict:
                 f"trainer.command={trainer.get('command')!r}: {command.script} asks for the nccl "
                 "backend, which needs GPUs, and cluster.gpus_per_worker=0: give the workers "
                 "GPUs (cluster.gpus_per_worker=1) or use gloo on CPU")
+    per_node = command.torchrun_flags.get("nproc-per-node")
+    if per_node in DEVICE_COUNTS:
+        if "workers" not in given:
+            raise ConfigError(
+                f"trainer.command={trainer.get('command')!r}: --nproc-per-node={per_node} "
+                "counts a node's devices, which Ray places: give cluster.workers=N with it, or "
+                "a number")
+        return {}
     sized = command.workers
     if sized is None:
         # A torchrun line without size flags starts one process, torchrun's default; a

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.config.rules import require
 from orchestrator.config.schema import TrainerConfig
 from orchestrator.errors import ConfigError
-from trainers.script.command import parse_command
+from trainers.script.command import is_python, parse_command
 
 
 @dataclass
@@ -42,20 +43,29 @@ def check_script(cfg: dict) -> None:
     if not workdir.is_dir():
         raise ConfigError(f"trainer.workdir={str(workdir)!r}: no such folder")
     command = parse_command(trainer["command"])
+    where = ("this folder" if workdir.resolve() == Path.cwd().resolve()
+             else f"trainer.workdir={str(workdir)!r}")
     if command.script is not None:
         script = workdir / command.script
         if not script.is_file():
-            where = ("this folder" if workdir.resolve() == Path.cwd().resolve()
-                     else f"trainer.workdir={str(workdir)!r}")
             raise ConfigError(f"trainer.command={trainer['command']!r}: the script "
                               f"{command.script!r} does not exist in {where}")
+    program = command.argv[0]
+    if not is_python(program):  # a program of its own: ./run.sh, or a name on PATH
+        if "/" in program and not os.access(workdir / program, os.X_OK):
+            raise ConfigError(f"trainer.command={trainer['command']!r}: {program!r} in {where} "
+                              "is not executable (chmod +x it, or run it as bash/python "
+                              f"{program})")
+        if "/" not in program and shutil.which(program) is None:
+            raise ConfigError(f"trainer.command={trainer['command']!r}: the program "
+                              f"{program!r} is not on PATH")
     for pattern in trainer["checkpoint_files"]:
         check_checkpoint_pattern(str(pattern))
 
 
 def check_checkpoint_pattern(pattern: str) -> None:
     parts = Path(pattern).parts
-    if not pattern.strip() or Path(pattern).is_absolute() or ".." in parts or \
+    if not parts or not pattern.strip() or Path(pattern).is_absolute() or ".." in parts or \
             os.path.expanduser(pattern) != pattern:
         raise ConfigError(f"trainer.checkpoint_files: {pattern!r} is not allowed: a path or glob "
                           "relative to trainer.workdir, inside it (snapshot.pt, ckpt/*.pt)")

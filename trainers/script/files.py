@@ -44,11 +44,27 @@ def make_node_folder(root: Path, workdir: Path, patterns: list[str]) -> tuple[Pa
         link = work / entry.name
         if not link.exists() and not link.is_symlink():
             link.symlink_to(entry)
-    for pattern in patterns:  # a folder named by a pattern (ckpt/*.pt): private, empty
+    for pattern in patterns:  # a folder named by a pattern (ckpt/*.pt, ckpt): private, empty
         parts = Path(pattern).parts
-        if len(parts) > 1 and not any(c in parts[0] for c in "*?["):
-            (work / parts[0]).mkdir(exist_ok=True)
+        top = parts[0]
+        names_a_folder = len(parts) > 1 or pattern.endswith("/") or (workdir / top).is_dir()
+        if names_a_folder and not any(c in top for c in "*?["):
+            (work / top).mkdir(exist_ok=True)
     return work, ckpt
+
+
+def outside_paths_absolute(argv: list[str], workdir: Path) -> list[str]:
+    """The script runs in a folder of links, whose parent is not workdir's: a ``../data`` word
+    (``--data=../data``) is made absolute against workdir, as it would have been read there."""
+    out = []
+    for word in argv:
+        prefix, eq, value = word.partition("=") if word.startswith("-") else ("", "", word)
+        if not eq:
+            prefix, value = "", word
+        if value == ".." or value.startswith("../"):
+            word = prefix + eq + os.path.normpath(workdir / value)
+        out.append(word)
+    return out
 
 
 def keep_new_entries(work: Path, workdir: Path, patterns: list[str]) -> list[str]:
@@ -131,13 +147,20 @@ class CheckpointWatcher:
     ckpt: Path
     patterns: list[str]
     pending_root: Path
+    # The restored files were node 0's (this node had none): not this node's own until it
+    # writes them, so not kept under node_<n> (a later restart would take that stale copy
+    # over node 0's newer one).
+    borrowed: bool = False
     taken: dict[str, tuple] = field(default_factory=dict)  # name -> signature last taken
     seen: dict[str, tuple] = field(default_factory=dict)  # name -> signature at the last poll
+    not_own: set[str] = field(default_factory=set)  # restored from node 0, not rewritten since
     ever_written: bool = False
 
     def __post_init__(self) -> None:
         self.pending_root.mkdir(parents=True, exist_ok=True)
         self.taken = {name: sig for name, sig in self.current().items()}  # restored files
+        if self.borrowed:
+            self.not_own = set(self.taken)
 
     def current(self) -> dict[str, tuple]:
         """name ("work/<rel>" or "checkpoint_dir/<rel>") -> signature, for every file."""
@@ -185,6 +208,7 @@ class CheckpointWatcher:
                 in_flux = True
                 continue
             self.taken[name] = sig
+            self.not_own.discard(name)
             self.ever_written = True
         self.seen = closed
         return not in_flux and self.has_new()
@@ -204,7 +228,7 @@ class CheckpointWatcher:
             os.replace(path, dest)
             moved.add(name)
         for name, sig in list(self.taken.items()):
-            if name in moved:
+            if name in moved or name in self.not_own:
                 continue
             source = self.path_of(name)
             if signature(source) != sig:

@@ -16,6 +16,7 @@ other workers, a poll every trainer.poll_s:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -33,6 +34,7 @@ from trainers.script.files import (
     CheckpointWatcher,
     keep_new_entries,
     make_node_folder,
+    outside_paths_absolute,
     restore_files,
 )
 from trainers.script.process import ScriptProcess
@@ -90,17 +92,21 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
         remove_earlier_attempts(root.parent, ctx.run_name)
         work, ckpt = make_node_folder(root, Path(trainer["workdir"]), patterns)
         restored = ctx.restore([f"node_{ctx.node_rank}/*"])  # this node's files only
-        if restored is not None and not (restored / f"node_{ctx.node_rank}").is_dir():
+        borrowed = restored is not None and not (restored / f"node_{ctx.node_rank}").is_dir()
+        if borrowed:
             restored = ctx.restore(["node_0/*"])  # a snapshot rank 0 wrote is every node's
         if restored is not None:
             restore_files(restored, ctx.node_rank, work, ckpt)
-        watcher = CheckpointWatcher(work, ckpt, patterns, root / "pending")
+        watcher = CheckpointWatcher(work, ckpt, patterns, root / "pending",
+                                    borrowed=borrowed and ctx.node_rank != 0)
     if ctx.rank == 0 and first["restarts"] and not ctx.start_step:
         ctx.warn("the script restarted from the beginning: it wrote no checkpoint files "
                  f"(trainer.checkpoint_files={patterns}, or files under $CHECKPOINT_DIR)")
     ctx.broadcast(None)  # every node's folder is ready before any script starts
-    env = {**script_env(ctx, first, trainer, work, ckpt, root), **command.env}
-    argv = [arg.replace("{checkpoint_dir}", str(ckpt)) for arg in command.argv_for(ctx.local_rank)]
+    given = script_env(ctx, first, trainer, work, ckpt, root)
+    env = {**given, **{k: expand(v, given) for k, v in command.env.items()}}
+    argv = [expand(arg, given) for arg in
+            outside_paths_absolute(command.argv_for(ctx.local_rank), Path(trainer["workdir"]))]
     proc = ScriptProcess(argv, env, work, ctx.rank, root / f"error_rank{ctx.rank}.json")
     try:
         return Supervisor(ctx, proc, watcher, trainer).run(root)
@@ -115,6 +121,16 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
                 root.parent.rmdir()  # the attempt's folder, once every node left it
             except OSError:
                 pass
+
+
+VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
+
+
+def expand(word: str, env: dict[str, str]) -> str:
+    """``{checkpoint_dir}``, and ``$NAME`` / ``${NAME}`` of the script's environment, as a
+    shell would have given them (the command is not run by one); an unknown name stays."""
+    word = word.replace("{checkpoint_dir}", env["CHECKPOINT_DIR"])
+    return VARIABLE.sub(lambda m: env.get(m.group(1) or m.group(2), m.group(0)), word)
 
 
 def remove_earlier_attempts(attempt_folder: Path, run_name: str) -> None:
