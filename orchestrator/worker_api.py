@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import numbers
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -53,6 +54,7 @@ from orchestrator.worker.start import Collective, Start, WorkerSpec
 
 if TYPE_CHECKING:
     from orchestrator.data.datasets import Dataset
+    from orchestrator.data.streaming import DataShare
 
 
 # -- declaring a training function (optional) --------------------------------------------
@@ -117,6 +119,11 @@ class Batches:
         """The rows every step trains on: the global batch, or all of data smaller than one."""
         return min(self._order.global_batch, self._order.num_rows)
 
+    @property
+    def largest_share(self) -> int:
+        """The most rows any rank trains on at a step (streamed shards may not split evenly)."""
+        return self._order.largest_share(self._world)
+
     def rows(self, step: int) -> np.ndarray:
         """This rank's row indices of the global batch at ``step``."""
         return self._order.shard(step, self._rank, self._world)
@@ -176,6 +183,13 @@ class CheckpointsCannotCommit(RuntimeError):
     retry = False
 
 
+class StreamBatchRefused(ValueError):
+    """ctx.stream(global_batch) with a batch the shards cannot give (a training function
+    whose config has no trainer.batch_size, so the driver could not check it): not retried."""
+
+    retry = False
+
+
 # -- the context -------------------------------------------------------------------------
 class WorkerContext:
     """One per worker, built by the orchestrator before your function is called."""
@@ -211,7 +225,7 @@ class WorkerContext:
         self._notice = None  # the preemption notice every rank agreed on
         self._save_at: int | None = None  # a time-based checkpoint agreed for this step
         self._last_saved = start.step  # the resumed checkpoint needs no saving again
-        self._batches: Batches | None = None
+        self._batches: Batches | DataShare | None = None  # what a checkpoint's meta["data"] says
         self._dataset: Dataset | None = None
         self._store = CheckpointStore(spec.run_storage)
         self._staging = start.staging
@@ -427,7 +441,16 @@ class WorkerContext:
         plan = self._spec.stream
         if plan is None:
             raise RuntimeError("ctx.stream(): this run's data is not streamed (ctx.streamed)")
+        if not isinstance(global_batch, numbers.Integral) or global_batch < plan.shards:
+            raise StreamBatchRefused(
+                f"ctx.stream({global_batch!r}): the global batch must be an integer of at least "
+                f"the {plan.shards} virtual shards (data.shards): each gives it a row or more")
         order = plan.order(global_batch)
+        if order.steps_per_epoch == 0:
+            raise StreamBatchRefused(
+                f"ctx.stream({global_batch}): a shard of data.path has fewer training rows than "
+                "it gives each global batch: not one step an epoch; a smaller global batch, or "
+                "fewer shards (data.shards)")
         facts = {"streamed": True, "shards": plan.shards, "window": plan.window,
                  "rows": plan.manifest.rows, "train_rows": order.num_rows,
                  "files": len(plan.manifest.files), "row_groups": len(plan.manifest.groups),
@@ -444,7 +467,9 @@ class WorkerContext:
             raise RuntimeError("ctx.share(): this run's data is not streamed (ctx.streamed)")
         from orchestrator.data.streaming import DataShare
 
-        return DataShare(self._spec.stream, self.rank, self.world_size)
+        share = DataShare(self._spec.stream, self.rank, self.world_size)
+        self._batches = share  # its checkpoints keep the data's manifest (a change is refused)
+        return share
 
     def step_seed(self, step: int) -> int:
         """A seed for step ``step``'s randomness on this rank (dropout, augmentation): a

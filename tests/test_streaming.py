@@ -34,7 +34,7 @@ def write_data(folder, files=4, groups=3, rows=50, label=None):
 
 
 def config(path, **kw):
-    return DataConfig(name="parquet", path=str(path), stream="true", **kw)
+    return DataConfig(name="parquet", path=str(path), **{"stream": "true", **kw})
 
 
 def stream_plan(path, workers=4, batch=16, resumed=None, **kw):
@@ -438,3 +438,111 @@ def test_streamed_lightgbm_goes_on_from_a_saved_model_as_if_it_had_not_stopped(t
     x, _ = next(iter(data.share.test_chunks()))
     assert resumed.current_iteration() == 6
     assert np.array_equal(resumed.predict(x), whole.predict(x))
+
+
+def test_what_a_user_would_break_the_memory_bound_the_hidden_folders_nan_and_uneven_shares(
+        tmp_path):
+    """Found by a review trying it as a user: the memory a row group takes decoded came from the
+    footer's encoded size (dictionary-encoded doubles: ~1/27 of it), counted columns never
+    read; `**` took a dot-folder's copies; one NaN in the sampled rows made a feature NaN in
+    every row; with 4 shards on 3 ranks a rank's forward passed trainer.micro_batch_size."""
+    data = tmp_path / "flags"
+    data.mkdir()
+    n = 200_000
+    flags = np.arange(n) % 8  # low-cardinality doubles: parquet stores them as a dictionary
+    pq.write_table(pa.table({"f1": flags.astype(np.float64), "f2": flags.astype(np.float64),
+                             "note": pa.array(["x" * 40] * n), "label": flags % 2}), data / "a.parquet")
+    footer = pq.ParquetFile(data / "a.parquet").metadata.row_group(0).total_byte_size
+    manifest = read_manifest(pafs.LocalFileSystem(), str(data), "label", chosen=["f1", "f2"])
+    assert manifest.memory >= n * (8 + 8 + 8) > 5 * footer  # f1, f2, label; not the text
+    with pytest.raises(ConfigError, match=r"data.max_row_group_mb=2: row group 0 of .* holds 4.58 "
+                                          r"MiB decoded"):
+        read_manifest(pafs.LocalFileSystem(), str(data), "label", max_row_group_mb=2,
+                      chosen=["f1", "f2"])
+
+    folder = write_data(tmp_path / "data", files=2)
+    hidden = folder / ".ipynb_checkpoints"
+    hidden.mkdir()
+    (hidden / "part-00-checkpoint.parquet").write_bytes((folder / "part-00.parquet").read_bytes())
+    assert [f.path for f in stream_plan(f"{folder}/**/*.parquet").manifest.files] == \
+        [str(folder / "part-00.parquet"), str(folder / "part-01.parquet")]
+
+    nan = write_data(tmp_path / "nan", files=1)
+    table = pq.read_table(nan / "part-00.parquet")
+    f1 = table["f1"].to_numpy().copy()
+    f1[0] = np.nan
+    pq.write_table(table.set_column(1, "f1", pa.array(f1)), nan / "part-00.parquet",
+                   row_group_size=50)
+    plan = stream_plan(nan, workers=1, allow_nonfinite=True, test_fraction=0.01)
+    assert np.isfinite(plan.decoding.mean).all() and np.isfinite(plan.decoding.std).all()
+    _, x, _ = next(iter(plan.rank_stream(plan.order(16), 0, 1).steps(0, 1)))
+    assert np.isfinite(x).sum() >= x.size - 1  # the NaN stays in its own row
+
+    from orchestrator.worker_api import StreamedBatches
+    from trainers.pytorch.data import StepPlan
+
+    plan = stream_plan(write_data(tmp_path / "d4"), workers=4)  # 4 shards
+    batches = [StreamedBatches(plan.order(64), plan, rank, 3, lambda _: None) for rank in range(3)]
+    assert batches[0].largest_share == 32  # rank 0 streams shards 0 and 3
+    for rank in range(3):
+        micro = StepPlan(batches[rank], 3, micro_batch_size=8).micro_batches(0)
+        assert len(micro) == 4 and max(len(m.rows) for m in micro) <= 8
+        assert all(len(m.rows) >= 2 for m in micro)  # a padding one too (BatchNorm)
+
+
+def test_a_resume_finds_changed_data_held_or_streamed_and_a_boosting_share_keeps_its_manifest(
+        tmp_path):
+    """Streamed XGBoost/LightGBM checkpoints kept no manifest, so a change went unnoticed;
+    data.stream=auto over data that shrank below stream_above_mb resumed in memory, in another
+    order, unrefused. A boosting share pins no shard count: a resume may use more workers."""
+    from orchestrator.data.streaming import DataShare
+
+    data = write_data(tmp_path / "data")
+    streamed = stream_plan(data).order(16).position()
+    share = DataShare(stream_plan(data, batch=None), 0, 1).position(5)
+    assert share["manifest"] == streamed["manifest"] and "shards" not in share
+    (data / "part-03.parquet").unlink()
+    for before in (streamed, share):
+        with pytest.raises(ConfigError, match=r"changed since .*1 file removed"):
+            stream_plan(data, resumed=before, stream="auto")  # now far below 256 MiB
+        # on_change=continue goes on streamed, as the checkpoint read it
+        assert stream_plan(data, resumed=before, stream="auto", on_change="continue") is not None
+    assert stream_plan(data, workers=6, batch=None, resumed=share, on_change="continue").shards == 6
+    # A checkpoint that held its data in memory resumes in memory.
+    held = {"seed": 7, "num_rows": 450, "global_batch": 16, "next_step": 3}
+    assert stream_plan(data, resumed=held, stream="auto") is None
+
+
+def test_held_out_files_need_only_the_columns_the_model_reads(tmp_path):
+    data = write_data(tmp_path / "data", files=2)
+    held = write_data(tmp_path / "eval", files=1)
+    pq.write_table(pq.read_table(held / "part-00.parquet").drop_columns(["f2"]),
+                   held / "part-00.parquet", row_group_size=50)
+    plan = stream_plan(data, workers=2, eval_path=str(held), columns=["id", "f1"])
+    assert plan.eval_manifest is not None
+    with pytest.raises(ConfigError, match=r"data.eval_path=.*: it lacks columns the model reads "
+                                          r"from data.path \(f2\)"):
+        stream_plan(data, workers=2, eval_path=str(held))
+
+
+def test_the_advised_on_change_resumes_the_same_run_and_held_out_files_inside_it_are_refused(
+        tmp_path):
+    """data.on_change=continue, as a refusal advises, named another run (the run name hashed
+    it): it started over at step 0. A folder is read recursively: data.eval_path=events/holdout
+    under data.path=events trained on the held-out rows."""
+    from orchestrator.driver.run_plan import checked_data_facts, derive_run_name
+
+    data = {"name": "parquet", "path": "events", "on_change": "refuse"}
+    assert derive_run_name({"name": "ddp"}, data, 0) == \
+        derive_run_name({"name": "ddp"}, {**data, "on_change": "continue"}, 0)
+    assert derive_run_name({"name": "ddp"}, data, 0) != \
+        derive_run_name({"name": "ddp"}, {**data, "path": "other"}, 0)
+    events = write_data(tmp_path / "events", files=2)
+    held = write_data(events / "holdout", files=1)
+    with pytest.raises(ConfigError, match=r"^data.eval_path=.*: 1 of its files are data.path's too "
+                                          r".*held-out rows would be trained on"):
+        checked_data_facts(DataConfig(name="parquet", path=str(events), eval_path=str(held)),
+                           StorageSpec(str(tmp_path)))
+    facts = checked_data_facts(DataConfig(name="parquet", path=f"{events}/*.parquet",
+                                          eval_path=str(held)), StorageSpec(str(tmp_path)))
+    assert facts.features == FEATURES

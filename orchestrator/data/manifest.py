@@ -34,7 +34,7 @@ class RowGroup:
     index: int  # the row group's index in its file
     rows: int
     bytes: int  # compressed, as stored
-    memory: int  # uncompressed: what it takes decoded
+    memory: int  # decoded, the columns read: what it takes in memory (an estimate)
     first_row: int  # the global id of its first row (files in path order, row groups in order)
 
 
@@ -62,7 +62,10 @@ class Manifest:
         return tuple(c for c in self.columns if c != self.label)
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        """The files' row groups, not the memory estimate (it depends on the columns read)."""
+        d = self.to_dict()
+        d["groups"] = [{k: v for k, v in g.items() if k != "memory"} for g in d["groups"]]
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def summary(self) -> dict:
         """What a checkpoint keeps: enough to name what changed since."""
@@ -128,8 +131,13 @@ def glob_match(path: str, pattern: str) -> bool:
 def _match(parts: list[str], patterns: list[str]) -> bool:
     if not patterns:
         return not parts
-    if patterns[0] == "**":
-        return any(_match(parts[i:], patterns[1:]) for i in range(len(parts) + 1))
+    if patterns[0] == "**":  # any number of levels, none of them hidden (.ipynb_checkpoints)
+        for i in range(len(parts) + 1):
+            if _match(parts[i:], patterns[1:]):
+                return True
+            if i < len(parts) and parts[i].startswith("."):
+                return False
+        return False
     if not parts:
         return False
     name, pattern = parts[0], patterns[0]
@@ -166,15 +174,17 @@ def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.p
         first_unlabelled = first_unlabelled or (info.path if unlabelled else None)
         mtime = info.mtime_ns if info.mtime is not None else None
         files.append(DataFile(info.path, info.size, mtime))
+        read = None if chosen is None else {*chosen, label}
         for index in range(meta.num_row_groups):
             rg = meta.row_group(index)
             stored = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
-            groups.append(RowGroup(number, index, rg.num_rows, stored, rg.total_byte_size, first))
+            memory = decoded_bytes(rg, read)
+            groups.append(RowGroup(number, index, rg.num_rows, stored, memory, first))
             first += rg.num_rows
-            if max_row_group_mb and rg.total_byte_size > max_row_group_mb * 2**20:
+            if max_row_group_mb and memory > max_row_group_mb * 2**20:
                 raise ConfigError(
                     f"data.max_row_group_mb={max_row_group_mb:g}: row group {index} of "
-                    f"{info.path} holds {rg.total_byte_size / 2**20:.0f} MiB decoded, more than a "
+                    f"{info.path} holds {memory / 2**20:.3g} MiB decoded, more than a "
                     "worker streams at once: write the data with smaller row groups (pyarrow's "
                     "row_group_size), raise data.max_row_group_mb, or hold it in memory "
                     "(data.stream=false)")
@@ -186,6 +196,24 @@ def read_manifest(fs: pafs.FileSystem, path: str, label: str, key: str = "data.p
                           f"is null there, the first in {first_unlabelled}): every row needs one")
     check_numeric(schema, label, key, path, chosen)
     return Manifest(tuple(files), tuple(groups), tuple(schema.names), label)
+
+
+# A decoded value's bytes by parquet's physical type (features decode to float32: 4 at least).
+# Footers give a dictionary-encoded column's encoded size, which can be 1/30 of its values'.
+DECODED_WIDTH = {"BOOLEAN": 4, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+
+
+def decoded_bytes(rg: pq.RowGroupMetaData, read: set[str] | None) -> int:
+    """A row group's columns that are read (None: all), as they take memory decoded: fixed-width
+    values by their count, the others (text, bytes) by their uncompressed size."""
+    total = 0
+    for c in range(rg.num_columns):
+        column = rg.column(c)
+        if read is not None and column.path_in_schema not in read:
+            continue
+        width = DECODED_WIDTH.get(column.physical_type)
+        total += rg.num_rows * width if width else column.total_uncompressed_size
+    return total
 
 
 def label_nulls(meta: pq.FileMetaData, label: str) -> int:

@@ -36,6 +36,9 @@ class DataOrder:
     def shard(self, step: int, rank: int, world_size: int) -> np.ndarray:
         return self.global_batch_rows(step)[rank::world_size]
 
+    def largest_share(self, world_size: int) -> int:
+        return -(-self.global_batch // world_size)
+
 
 MASK64 = (1 << 64) - 1
 

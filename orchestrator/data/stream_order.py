@@ -158,6 +158,10 @@ class StreamOrder:
     def shard(self, step: int, rank: int, world_size: int) -> np.ndarray:
         return np.concatenate([self.chunk(v, step) for v in self.shards_of(rank, world_size)])
 
+    def largest_share(self, world_size: int) -> int:
+        return max(sum(self.per_step[v] for v in self.shards_of(rank, world_size))
+                   for rank in range(world_size))
+
     def position(self) -> dict:
         """What a checkpoint keeps of the order (with the step): a resume checks it."""
         return {"streamed": True, "shards": self.shards, "window": self.window,

@@ -10,6 +10,7 @@ data. Every byte read is counted (``bytes_read``).
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -130,12 +131,15 @@ class GroupReader:
     time (pyarrow reads its last 64 KiB for it)."""
 
     FOOTER_READ = 64 * 1024
+    FOOTERS_KEPT = 64
 
     def __init__(self, manifest: Manifest, fs, decoding: Decoding):
         self.manifest, self.fs, self.decoding = manifest, fs, decoding
         self._count, self._lock = 0, threading.Lock()
         self.columns = [*decoding.features, decoding.label]
-        self._footers: dict[int, pq.FileMetaData] = {}
+        # The newest footers read (a footer of a wide file is ~1 KiB a column): a share of
+        # 10^4 small files would otherwise hold every one of them for the whole run.
+        self._footers: OrderedDict[int, pq.FileMetaData] = OrderedDict()
         self._local = isinstance(fs, pafs.LocalFileSystem)
 
     @property
@@ -145,7 +149,8 @@ class GroupReader:
     def table(self, g: int, use_threads: bool = False) -> pa.Table:
         grp = self.manifest.groups[g]
         path = self.manifest.files[grp.file].path
-        footer = self._footers.get(grp.file)
+        with self._lock:
+            footer = self._footers.get(grp.file)
         with self.fs.open_input_file(path) as handle:
             # A file's footer is read once: a row group of a file already seen costs its own
             # bytes only. The stream's windows are read one thread each: the reader's threads
@@ -161,6 +166,9 @@ class GroupReader:
                    if rg.column(c).path_in_schema in wanted)
         with self._lock:
             self._footers[grp.file] = meta
+            self._footers.move_to_end(grp.file)
+            while len(self._footers) > self.FOOTERS_KEPT:
+                self._footers.popitem(last=False)
             self._count += read + (0 if footer else min(self.FOOTER_READ, self.manifest.files[grp.file].size))
         return table
 

@@ -9,6 +9,7 @@ checkpoint's shard count, and refuses data that changed since (data.on_change).
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,6 +97,11 @@ class DataShare:
     def num_classes(self) -> int:
         return len(self.decoding.classes) if self.decoding.classes is not None else 0
 
+    def position(self, step: int) -> dict:
+        """What a checkpoint keeps: the data's manifest, so a resume over changed data is
+        refused; no shard count (a resume at another size deals the row groups anew)."""
+        return {"streamed": True, "next_step": step, "manifest": self.plan.manifest.summary()}
+
     @property
     def rows(self) -> int:
         return sum(self.order.train_rows[g] for g in self.groups)
@@ -147,7 +153,18 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
     data = storage.sibling(cfg.path)
     fs, path = data.filesystem()
     manifest = read_manifest(fs, path, cfg.label, "data.path", cfg.max_row_group_mb, cfg.columns)
-    if not stream_wanted(cfg, manifest):
+    before = resumed if resumed and resumed.get("streamed") else None
+    if before and (change := what_changed(before["manifest"], manifest)):
+        if cfg.on_change == "refuse":
+            raise ConfigError(
+                f"data.path={cfg.path!r} changed since the checkpoint this run resumes from "
+                f"({change}): its order and split would differ; set data.on_change=continue to "
+                "go on with the data as it is now, or start a new run (run.name)")
+    # data.stream=auto resumes as the checkpoint read its data (streamed or held), whatever the
+    # data's size is now: the two orders differ.
+    wanted = (before is not None if resumed and cfg.stream == "auto"
+              else stream_wanted(cfg, manifest))
+    if not wanted:
         return None
     eval_data = eval_manifest = None
     if cfg.eval_path:
@@ -155,18 +172,15 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
         efs, epath = eval_data.filesystem()
         eval_manifest = read_manifest(efs, epath, cfg.label, "data.eval_path", cfg.max_row_group_mb,
                                       cfg.columns)
-        if eval_manifest.columns != manifest.columns:
-            raise ConfigError(f"data.eval_path={cfg.eval_path!r}: its columns differ from "
-                              f"data.path's ({', '.join(eval_manifest.columns)})")
-    before = resumed if resumed and resumed.get("streamed") else None
-    shards = before["shards"] if before else (cfg.shards or workers)
-    check_shards(cfg, shards, workers, len(manifest.groups), global_batch, before is not None)
-    if before and (change := what_changed(before["manifest"], manifest)):
-        if cfg.on_change == "refuse":
-            raise ConfigError(
-                f"data.path={cfg.path!r} changed since the checkpoint this run resumes from "
-                f"({change}): its order and split would differ; set data.on_change=continue to "
-                "go on with the data as it is now, or start a new run (run.name)")
+        used = [*feature_columns(manifest.columns, manifest.label, cfg.columns, cfg.path),
+                manifest.label]
+        missing = [c for c in used if c not in eval_manifest.columns]
+        if missing:
+            raise ConfigError(f"data.eval_path={cfg.eval_path!r}: it lacks columns the model reads "
+                              f"from data.path ({', '.join(missing)})")
+    kept = before is not None and "shards" in before  # a batch order's shards (not boosting's)
+    shards = before["shards"] if kept else (cfg.shards or workers)
+    check_shards(cfg, shards, workers, len(manifest.groups), global_batch, kept)
     if global_batch is not None:
         check_epoch(cfg, StreamOrder(manifest, seed, global_batch, shards, cfg.window,
                                      cfg.test_fraction, eval_manifest is not None))
@@ -218,9 +232,14 @@ def check_epoch(cfg: DataConfig, order: StreamOrder) -> None:
             "trainer.batch_size, fewer shards, more row groups, or data.stream=false")
     left = 1 - order.steps_per_epoch * order.global_batch / order.num_rows
     if left > LEFT_OVER_WARNING:
+        # Shards are dealt equal rows, but a batch they do not divide asks one more row a step
+        # of some of them, which run out first.
+        uneven = (f", or a trainer.batch_size the {order.shards} shards divide (now "
+                  f"{order.global_batch})" if order.global_batch % order.shards else "")
         log.warning("%s leave %.0f%% of the training rows out of each epoch (shard %d has %d, "
-                    "the largest %d): write smaller row groups, or data.stream=false",
-                    where, 100 * left, shortest, order.shard_rows[shortest], max(order.shard_rows))
+                    "the largest %d): write smaller row groups%s, or data.stream=false",
+                    where, 100 * left, shortest, order.shard_rows[shortest], max(order.shard_rows),
+                    uneven)
 
 
 def decide_decoding(fs, manifest: Manifest, cfg: DataConfig, seed: int, task: str,
@@ -240,8 +259,12 @@ def decide_decoding(fs, manifest: Manifest, cfg: DataConfig, seed: int, task: st
         ids = np.arange(grp.first_row, grp.first_row + grp.rows)
         sample.append(x if cfg.eval_path else x[~held_out(ids, seed, cfg.test_fraction)])
     x = np.concatenate(sample)
-    mean, std = x.mean(0), x.std(0)
-    std = np.where(std < 1e-6, 1.0, std).astype(np.float32)
+    # A NaN (data.allow_nonfinite, or past the driver's count) stays in its own row only.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column of NaN alone, or no rows
+        mean, std = np.nanmean(x, 0), np.nanstd(x, 0)
+    mean = np.nan_to_num(mean, nan=0.0)
+    std = np.where(~(std >= 1e-6), 1.0, std).astype(np.float32)
     return (Decoding(features, manifest.label, classes, mean.astype(np.float32), std),
             bin_bounds(x))
 

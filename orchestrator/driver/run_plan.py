@@ -31,9 +31,15 @@ class RunPlan:
     stream: StreamPlan | None = None  # streamed parquet (orchestrator/data/streaming.py)
 
 
+# data keys that say how to go on, not what the batches are: rerunning with one of them
+# changed (data.on_change=continue, as a refusal advises) resumes the same run.
+NOT_THE_RUNS_DATA = ("on_change", "num_workers", "max_row_group_mb")
+
+
 def derive_run_name(trainer: dict, data: dict, seed: int) -> str:
     """The same trainer, data and seed give the same name, so rerunning a command resumes it.
     The cluster is left out on purpose: a run may resume at another world size."""
+    data = {k: v for k, v in data.items() if k not in NOT_THE_RUNS_DATA}
     key = json.dumps({"trainer": trainer, "data": data, "seed": seed}, sort_keys=True, default=str)
     return f"{trainer.get('name', 'run')}-{data.get('name', 'data')}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
@@ -69,10 +75,22 @@ def checked_data_facts(data: DataConfig, storage: StorageSpec) -> DataFacts | No
     if opened is not None:
         check_finite(data, opened)
         if data.eval_path:
-            check_parquet(eval_config(data), storage, "data.eval_path")
+            held_out = check_parquet(eval_config(data), storage, "data.eval_path")
+            refuse_shared_files(data, opened.files, held_out.files)
     if data.name == "torch" or None not in (data.features, data.outputs, data.task):
         return None
     return data_facts(data, storage, opened)
+
+
+def refuse_shared_files(data: DataConfig, train: list[str], held_out: list[str]) -> None:
+    """A folder's parquet files are read recursively: data.eval_path=events/holdout under
+    data.path=events would be trained on, and its metrics would flatter the model."""
+    shared = sorted(set(train) & set(held_out))
+    if shared:
+        raise ConfigError(
+            f"data.eval_path={data.eval_path!r}: {len(shared)} of its files are data.path's too "
+            f"({shared[0]}): held-out rows would be trained on; give data.path a glob that "
+            f"leaves them out ({str(data.path).rstrip('/')}/*.parquet) or folders apart")
 
 
 def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> RunPlan:

@@ -79,7 +79,7 @@ class StepPlan:
 
     def _split(self, step: int) -> list[MicroBatch]:
         rows = self.batches.rows(step)
-        most = math.ceil(self.batches.global_batch / self.world_size)  # the largest share
+        most = self.batches.largest_share
         count = max(1, math.ceil(most / self.micro)) if self.micro else 1
         if len(rows) == 0:
             return [MicroBatch(self.batches.global_rows(step)[:1], 0.0)] * count
@@ -212,12 +212,12 @@ def fetched(dataset: Dataset, plan: StepPlan, start: int, total: int, collate: C
 
 def streamed_feed(batches, plan: StepPlan, start: int, total: int) -> Iterator:
     """The micro-batches of steps start..total-1 from streamed data (ctx.stream()): each
-    step's rows as read, cut where the plan cuts them (its padding: the step's first row)."""
+    step's rows as read, cut where the plan cuts them (its padding: the step's first rows)."""
     for step, (ids, x, y) in zip(range(start, total), batches.read(start, total), strict=True):
         x, y, offset = torch.from_numpy(x), torch.from_numpy(y), 0
         for micro in plan.micro_batches(step):
             if not micro.weight:
-                yield x[:1], y[:1]
+                yield x[:2], y[:2]
                 continue
             n = len(micro.rows)
             if not np.array_equal(micro.rows, ids[offset:offset + n]):
