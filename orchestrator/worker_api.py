@@ -183,6 +183,12 @@ class CheckpointsCannotCommit(RuntimeError):
     retry = False
 
 
+class SaveNotOnEveryRank(RuntimeError):
+    """``if rank == 0: ctx.save(...)`` (torchrun's habit): no checkpoint could commit."""
+
+    retry = False
+
+
 class StreamBatchRefused(ValueError):
     """ctx.stream(global_batch) with a batch the shards cannot give (a training function
     whose config has no trainer.batch_size, so the driver could not check it): not retried."""
@@ -280,7 +286,11 @@ class WorkerContext:
         every rank."""
         if step <= self._last_saved:
             return False
-        if self._notice is not None or step == self._save_at:
+        if self._notice is not None:
+            return True
+        # A time-based save agreed at an earlier step_done: due at the next step asked about,
+        # whether the loop asks before or after its step_done.
+        if self._save_at is not None and self._save_at > self._last_saved and step >= self._save_at:
             return True
         if self._total is not None and step >= self._total:
             return True
@@ -408,8 +418,17 @@ class WorkerContext:
         now = time.monotonic()
         proposal = None
         if self.rank == 0:  # rank 0's clock decides the next check and time-based saves
-            proposal = (self._checks.propose(step, now), self._policy.due_by_time(now))
-        interval, save_now = self._collective.broadcast(proposal)
+            proposal = (self._checks.propose(step, now), self._policy.due_by_time(now),
+                        self._last_saved)
+        interval, save_now, saved_on_0 = self._collective.broadcast(proposal)
+        if saved_on_0 != self._last_saved:
+            # Every rank is at this barrier, past the same steps: one rank saved where another
+            # did not, and rank 0 would wait checkpoint.upload_retry_s for a part never sent.
+            raise SaveNotOnEveryRank(
+                f"ctx.save() was last called at step {saved_on_0} on rank 0 and at step "
+                f"{self._last_saved} on rank {self.rank}: every rank calls save at the same "
+                "steps (a rank with nothing to keep passes a write that writes nothing), or no "
+                "checkpoint commits")
         self._checks.agreed(step, interval, now)
         if save_now:
             self._save_at = step

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -351,6 +352,30 @@ def test_foundation_checks_hold_for_every_trainer(trainer, overrides, key):
 def test_trainer_params_are_checked(overrides):
     with pytest.raises(ConfigError, match=overrides[1].split("=")[0]):
         check_command_line(overrides, CONF_DIR)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    # the default model's `hidden` beside a builder of the user's own: a TypeError on every
+    # worker, then exit 1 after the restarts
+    (["trainer.model._target_=tests.user_models.tiny_keras_model"],
+     "takes no 'hidden'; drop trainer.model.hidden with ~"),
+    (["trainer.model._target_=tests.user_models.tiny_keras_modell", "~trainer.model.hidden"],
+     "defines no 'tiny_keras_modell'"),
+    (["trainer.model._target_=tests"], "an import path, module.function"),
+    (["trainer.momentum=1.5"], "trainer.momentum=1.5"),
+    (["trainer.lr=inf"], "trainer.lr=inf"),
+    (["data=torch", "data.train._target_=tests.user_models.TinyTorchNet",
+      "data.eval._target_=tests.user_models.TinyTorchNet"],
+     "data=torch is not allowed with trainer=mwms"),
+])
+def test_mwms_refuses_before_ray_what_its_workers_would_fail_on(overrides, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        check_command_line(["trainer=mwms", *overrides], CONF_DIR)
+
+
+def test_mwms_takes_a_users_builder_with_its_own_keys():
+    check_command_line(["trainer=mwms", "trainer.model._target_=tests.user_models.tiny_keras_model",
+                        "~trainer.model.hidden", "+trainer.model.width=8"], CONF_DIR)
 
 
 @pytest.fixture(scope="module")

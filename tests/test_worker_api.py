@@ -280,3 +280,68 @@ def test_a_checkpoint_no_later_one_could_commit_stops_the_run_at_once(tmp_path):
         ctx.step_done(3)
     assert err.value.retry is False  # a restart would meet the same refusal
     ctx._close()
+
+
+def test_a_time_based_checkpoint_is_taken_whether_the_loop_asks_before_or_after_step_done(
+        tmp_path):
+    ctx = context(tmp_path, every_steps=None, every_seconds=1e-6)
+    saved = []
+    for step in range(1, 4):  # should_save first, then step_done: no checkpoint was ever taken
+        if ctx.should_save(step):
+            ctx.save(step, lambda d: (d / "s.txt").write_text("s"))
+            saved.append(step)
+        ctx.step_done(step, {"loss": 1.0})
+    WorkerLifecycle(ctx).close()
+    assert saved and saved[0] == 2  # agreed at step 1's check, taken at the next step asked
+
+
+class RankZeroSavedAt(OneRank):
+    """This rank's view of the check's broadcast when rank 0 saved at ``step`` and it did not
+    (``if rank == 0: ctx.save(...)``)."""
+
+    def __init__(self, step: int):
+        super().__init__()
+        self.step = step
+
+    def broadcast(self, value):
+        return (*value[:2], self.step) if isinstance(value, tuple) else value
+
+
+def test_a_save_on_rank_0_alone_stops_the_run_with_the_reason_not_a_half_hour_wait(tmp_path):
+    from orchestrator.worker_api import SaveNotOnEveryRank
+
+    ctx = context(tmp_path, collective=RankZeroSavedAt(5))
+    with pytest.raises(SaveNotOnEveryRank, match=r"ctx.save\(\) was last called at step 5 on rank "
+                                                 r"0 and at step 0 on rank 0: every rank calls save"):
+        ctx.step_done(6, {"loss": 1.0})
+    assert SaveNotOnEveryRank.retry is False
+
+
+def test_metrics_are_numbers_taken_when_reported_and_a_result_keeps_its_numbers(tmp_path):
+    from orchestrator.observe.step_reports import MetricNotANumber
+    from orchestrator.worker.loop import final_metrics
+
+    recorder = Recorder()
+    ctx = context(tmp_path, recorder=recorder)
+    metrics = {}
+    for step in range(1, 4):  # one dict, updated in place: each step's own values are kept
+        metrics["loss"] = 1.0 / step
+        ctx.step_done(step, metrics, samples=1)
+    WorkerLifecycle(ctx).close()
+    points = [p for args in recorder.named("progress") for p in args[4]]
+    assert [m["loss"] for _, m in points] == [1.0, 0.5, 1.0 / 3]
+    with pytest.raises(MetricNotANumber, match=r"ctx.step_done\(4, metrics\): metrics\['phase'\] = "
+                                               r"'warmup' is not a number"):
+        ctx.step_done(4, {"phase": "warmup"})
+    warned = []
+    assert final_metrics({"acc": np.float32(0.5), "best": "step_200", "n": 3}, warned.append) == \
+        {"acc": 0.5, "n": 3.0}
+    assert warned == ["the training function's result['best'] = 'step_200' is not a number: "
+                      "left out of the run's metrics"]
+
+
+def test_a_users_check_that_asserts_refuses_the_config_in_one_line():
+    with pytest.raises(ConfigError, match=r"^trainer.fn='tests.user_trainers:checks_with_an_assert':"
+                                          r" its check refused the config: AssertionError: steps "
+                                          r"must be >= 1$"):
+        check_training({"fn": "tests.user_trainers:checks_with_an_assert", "steps": 0})

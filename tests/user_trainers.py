@@ -126,3 +126,13 @@ def reports_a_score(ctx, cfg):
 @training_function(check=lambda cfg: 0.5)
 def check_returns_a_number(ctx, cfg):
     return None
+
+
+def _asserts_steps(cfg):
+    assert cfg["trainer"].get("steps", 1) >= 1, "steps must be >= 1"
+
+
+@training_function(check=_asserts_steps)
+def checks_with_an_assert(ctx, cfg):
+    """A user's check the way people write them: an assert, not a ConfigError."""
+    return None

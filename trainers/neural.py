@@ -3,9 +3,12 @@ of a global-batch training loop, the check of the model's import path, and the f
 
 from __future__ import annotations
 
+import ast
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.util import find_spec
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -29,7 +32,7 @@ class NeuralNetConfig(TrainerConfig):
     def __post_init__(self) -> None:
         require(self.optimizer in self.OPTIMIZERS, "trainer.optimizer", self.optimizer,
                 "one of " + ", ".join(self.OPTIMIZERS))
-        require(self.lr > 0, "trainer.lr", self.lr, "a number > 0")
+        require(math.isfinite(self.lr) and self.lr > 0, "trainer.lr", self.lr, "a number > 0")
         require(self.batch_size >= 1, "trainer.batch_size", self.batch_size, "an integer >= 1")
         require(self.epochs >= 1, "trainer.epochs", self.epochs, "an integer >= 1")
         if self.max_steps is not None:
@@ -40,18 +43,70 @@ class NeuralNetConfig(TrainerConfig):
 
 
 def check_model_target(cfg: Mapping[str, Any]) -> None:
-    """The model's module must exist (checked without importing it: no framework here)."""
+    """The model's builder must exist and take the keys given with it, checked from its
+    source without importing it (no framework on the driver)."""
     if cfg["data"].get("task") not in (None, "classification"):
         raise ConfigError(f"data.task={cfg['data']['task']!r} is not allowed with this trainer: "
                           "classification")
-    target = cfg["trainer"]["model"]["_target_"]
-    module = target.rpartition(".")[0]
+    model = cfg["trainer"]["model"]
+    target = model["_target_"]
+    module, _, name = target.rpartition(".")
+    if not module:
+        raise ConfigError(f"trainer.model._target_={target!r}: an import path, module.function "
+                          "(mypkg.models.cnn)")
     try:
-        found = bool(module) and find_spec(module) is not None
+        spec = find_spec(module)
     except ModuleNotFoundError:  # its parent package is missing
-        found = False
-    if not found:
+        spec = None
+    if spec is None:
         raise ConfigError(f"trainer.model._target_={target!r}: no module {module!r} to import")
+    given = [k for k in model if k != "_target_" and not k.startswith("_")]
+    check_builder_source(spec.origin, name, target, ["in_features", "num_classes", *given])
+
+
+def check_builder_source(origin: str | None, name: str, target: str, passed: list[str]) -> None:
+    """The function (or class) ``name`` of a module's source takes these keyword arguments:
+    a default model's `hidden` left beside a builder of your own, or a misspelled name, said
+    here and not as a TypeError on every worker after its start. Where the source does not
+    say (a re-exported name, a compiled module), nothing is refused."""
+    try:
+        tree = ast.parse(Path(origin).read_text()) if origin and origin.endswith(".py") else None
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    if tree is None:
+        return
+    found = {node.name: node for node in tree.body
+             if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    defined = {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+               for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+               if isinstance(target, ast.Name)}
+    imported = any(isinstance(node, (ast.Import, ast.ImportFrom)) and
+                   any((a.asname or a.name).split(".")[0] in (name, "*") for a in node.names)
+                   for node in tree.body)
+    if name not in found:
+        if name not in defined and not imported:
+            raise ConfigError(f"trainer.model._target_={target!r}: {origin} defines no {name!r}")
+        return
+    node = found[name]
+    if isinstance(node, ast.ClassDef):
+        init = next((n for n in node.body if isinstance(n, ast.FunctionDef)
+                     and n.name == "__init__"), None)
+        if init is None:
+            return  # its parents' __init__
+        args, skip = init.args, 1  # self
+    else:
+        args, skip = node.args, 0
+    if args.kwarg is not None:
+        return
+    names = {a.arg for a in [*args.posonlyargs[skip:], *args.args[skip:], *args.kwonlyargs]}
+    unknown = [key for key in passed if key not in names]
+    if unknown:
+        extra = [k for k in unknown if k not in ("in_features", "num_classes")]
+        fix = (f"; drop {', '.join(f'trainer.model.{k}' for k in extra)} with ~ "
+               f"(~trainer.model.{extra[0]})" if extra else
+               ": it is called as " + target + "(in_features=..., num_classes=..., **keys)")
+        raise ConfigError(f"trainer.model._target_={target!r} takes no "
+                          f"{', '.join(map(repr, unknown))}{fix}")
 
 
 def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
@@ -64,3 +119,13 @@ def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
 def total_steps(config: Mapping[str, Any], steps_per_epoch: int) -> int:
     total = int(config["epochs"]) * steps_per_epoch
     return min(total, int(config["max_steps"])) if config.get("max_steps") else total
+
+
+class NonFiniteLoss(RuntimeError):
+    retry = False  # a restart replays the same data to the same NaN: the run stops at once
+
+
+def stop_message(step: int, value: float) -> str:
+    return (f"the training loss is {value} at step {step}: stopped there (every later step "
+            "would be NaN); look for NaN or inf in the data, or lower trainer.lr; "
+            "trainer.allow_nonfinite_loss=true trains on regardless")

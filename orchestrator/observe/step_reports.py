@@ -22,8 +22,10 @@ class StepReports:
         self._sent_at = 0.0
 
     def add(self, step: int, metrics: Mapping[str, Any], samples: int, final: bool) -> None:
+        for name, value in metrics.items():
+            check_metric(step, name, value)
         self._samples += int(samples)
-        self._points.append((step, metrics))
+        self._points.append((step, dict(metrics)))  # a copy: a loop may reuse its dict
         first = self._sent_at == 0.0
         if first or final or time.monotonic() - self._sent_at >= EVERY_S:
             self.send()
@@ -36,3 +38,25 @@ class StepReports:
         self.recorder.progress.remote(step, self._samples, metrics, time.time(), points)
         self._samples, self._points = 0, []
         self._sent_at = time.monotonic()
+
+
+class MetricNotANumber(TypeError):
+    """A step's metric that is not one number: said at the step that reported it."""
+
+    retry = False
+
+
+def check_metric(step: int, name: str, value: Any) -> None:
+    """A number, a numpy scalar, or a one-element tensor or array (read later, when sent)."""
+    if isinstance(value, (str, bytes, Mapping, list, tuple, set)) or value is None:
+        ok = False
+    elif hasattr(value, "numel"):  # a tensor: its size only, no device sync
+        ok = value.numel() == 1
+    elif hasattr(value, "size") and hasattr(value, "dtype"):  # numpy
+        ok = value.size == 1 and value.dtype.kind in "biuf"
+    else:
+        ok = hasattr(value, "__float__")
+    if not ok:
+        raise MetricNotANumber(f"ctx.step_done({step}, metrics): metrics[{name!r}] = "
+                               f"{str(value)[:60]!r} is not a number: a metric is a float, an "
+                               "int or a one-element tensor")

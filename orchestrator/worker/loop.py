@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
@@ -76,7 +76,7 @@ def train_loop_per_worker(config: dict) -> None:
                             train.get_local_world_size())
         life = WorkerLifecycle(ctx)
         result = fn(ctx, copy.deepcopy(spec.config))
-        metrics = final_metrics(result)
+        metrics = final_metrics(result, ctx.warn if ctx.rank == 0 else lambda _: None)
         life.close()  # every upload done: the final checkpoint is committed, or it is said why
         missing = life.last_checkpoint_missing()
         if missing:
@@ -114,13 +114,29 @@ class CheckpointNotCommitted(RuntimeError):
         self.retry = after_notice
 
 
-def final_metrics(result: Any) -> dict[str, float]:
+class ResultNotMetrics(TypeError):
+    """The function returned something other than None or a dict: after training, and the
+    same again after a restart."""
+
+    retry = False
+
+
+def final_metrics(result: Any, warn: Callable[[str], None]) -> dict[str, float]:
+    """The function's final metrics: its dict's numbers; a value that is not one (a path, a
+    nested dict) is left out with a warning, not a failure after the training is done."""
     if result is None:
         return {}
     if not isinstance(result, Mapping):
-        raise TypeError(f"the training function returned {type(result).__name__}: return None "
-                        "or a dict of final metrics")
-    return {str(k): float(v) for k, v in result.items()}
+        raise ResultNotMetrics(f"the training function returned {type(result).__name__}: return "
+                               "None or a dict of final metrics")
+    metrics = {}
+    for key, value in result.items():
+        try:
+            metrics[str(key)] = float(value)
+        except (TypeError, ValueError):
+            warn(f"the training function's result[{str(key)!r}] = {str(value)[:60]!r} is not a "
+                 "number: left out of the run's metrics")
+    return metrics
 
 
 def hold_until_taken(spec: WorkerSpec, life: WorkerLifecycle) -> None:

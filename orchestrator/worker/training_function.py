@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, is_dataclass
 from typing import Any
 
@@ -89,13 +90,32 @@ def _check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None,
     fn = import_function(path)
     check_signature(fn, path)
     info = training_info(fn)
-    config = validated(dict(trainer), info.config)
+    with users_checks(path, "schema"):
+        config = validated(dict(trainer), info.config)
     if before_trial is not None:
         before_trial()
     metrics = None
     if info.check is not None and not parts_tried():  # once per command (config/once.py)
-        metrics = declared_metrics(info.check({"trainer": config, "data": dict(data or {})}), path)
+        with users_checks(path, "check"):
+            checked = info.check({"trainer": config, "data": dict(data or {})})
+        metrics = declared_metrics(checked, path)
     return Training(path, fn, info, backend, config, metrics)
+
+
+@contextmanager
+def users_checks(path: str, what: str):
+    """A user's own schema (its __post_init__) or check that raises ValueError, an assert...
+    refuses the config (exit 2, one line), as a ConfigError would. The orchestrator's own
+    trainers raise ConfigError where the input is wrong; anything else from them is a bug."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        if path.startswith("trainers."):
+            raise
+        raise ConfigError(f"trainer.fn={path!r}: its {what} refused the config: "
+                          f"{type(exc).__name__}: {one_line(exc)}") from None
 
 
 def declared_metrics(names: Iterable[str] | None, path: str) -> tuple[str, ...] | None:

@@ -14,8 +14,8 @@ import numpy as np
 from hydra.utils import instantiate
 
 from orchestrator.worker_api import WorkerContext, training_function
-from trainers.mwms.config import MWMSConfig
-from trainers.neural import check_model_target, standardize, total_steps
+from trainers.mwms.config import MWMSConfig, check_mwms
+from trainers.neural import NonFiniteLoss, standardize, stop_message, total_steps
 
 
 def optimizer_variables(optimizer) -> list:
@@ -86,7 +86,11 @@ def held_out_sums(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
                      float(-log_proba[np.arange(len(y)), y].sum()), float(len(y))])
 
 
-@training_function(config=MWMSConfig, check=check_model_target, streams=True)
+class NotATfKerasModel(TypeError):
+    retry = False  # the same builder gives the same object on every restart
+
+
+@training_function(config=MWMSConfig, check=check_mwms, streams=True)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     # TensorFlow's autograph writes each function it converts to a temporary file, removed
     # at interpreter exit, which a Ray worker never reaches: they go to this worker's own
@@ -122,6 +126,12 @@ def train(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     with strategy.scope():
         model = instantiate(dict(tcfg["model"]), in_features=data.num_features,
                             num_classes=data.num_classes, _convert_="all")
+        if not isinstance(model, tf.keras.Model):  # Keras 3's (import keras) is another class
+            raise NotATfKerasModel(
+                f"trainer.model._target_={tcfg['model']['_target_']!r} gave a "
+                f"{type(model).__module__}.{type(model).__name__}, not a tf.keras.Model: build it "
+                "with tf.keras (import tensorflow as tf; tf.keras.Sequential(...)), not Keras 3's "
+                "`import keras`")
         if tcfg["optimizer"] == "sgd":
             optimizer = tf.keras.optimizers.SGD(tcfg["lr"], momentum=tcfg["momentum"])
         else:
@@ -150,10 +160,14 @@ def train(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     def write(folder) -> None:
+        # Read on every rank: a BatchNormalization's moving statistics are ON_READ variables,
+        # whose read is an all-reduce over the workers (rank 0 alone would pair its read with
+        # the others' next gradient all-reduce).
+        weights = model.get_weights()
+        slots = [v.numpy() for v in optimizer_variables(optimizer)]
         if ctx.rank == 0:
-            save_arrays(folder / "model.npz", model.get_weights())
-            save_arrays(folder / "optimizer.npz",
-                        [v.numpy() for v in optimizer_variables(optimizer)])
+            save_arrays(folder / "model.npz", weights)
+            save_arrays(folder / "optimizer.npz", slots)
 
     def evaluate() -> dict[str, float]:
         correct, loss, rows = data.add_up(data.test_sums(
@@ -162,8 +176,10 @@ def train(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
 
     steps = data.steps(ctx.start_step, ctx.total_steps)
     for step, (x, y) in zip(range(ctx.start_step, ctx.total_steps), steps, strict=True):
-        loss_sum = train_step(tf.constant(x), tf.constant(y))
-        ctx.step_done(step + 1, {"loss": float(loss_sum) / step_rows}, samples=step_rows)
+        loss = float(train_step(tf.constant(x), tf.constant(y))) / step_rows
+        if not (np.isfinite(loss) or tcfg["allow_nonfinite_loss"]):
+            raise NonFiniteLoss(stop_message(step + 1, loss))
+        ctx.step_done(step + 1, {"loss": loss}, samples=step_rows)
         if ctx.should_evaluate(step + 1):
             ctx.eval_done(step + 1, evaluate())
         if ctx.should_save(step + 1):

@@ -8,15 +8,7 @@ import math
 
 import torch
 
-
-class NonFiniteLoss(RuntimeError):
-    retry = False  # a restart replays the same data to the same NaN: the run stops at once
-
-
-def stop_message(step: int, value: float) -> str:
-    return (f"the training loss is {value} at step {step}: stopped there (every later step "
-            "would be NaN); look for NaN or inf in the data, or lower trainer.lr; "
-            "trainer.allow_nonfinite_loss=true trains on regardless")
+from trainers.neural import NonFiniteLoss, stop_message
 
 
 class LossWatch:
