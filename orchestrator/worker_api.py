@@ -45,7 +45,7 @@ import numpy as np
 from orchestrator.checkpoint.committer import Committed, Committer
 from orchestrator.checkpoint.policy import CheckpointPolicy
 from orchestrator.checkpoint.retry import Backoff
-from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, SameFileFromTwoRanks
+from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, WriteNeverCommits
 from orchestrator.data.order import DataOrder, step_seed
 from orchestrator.errors import one_line
 from orchestrator.observe.step_reports import StepReports
@@ -237,6 +237,7 @@ class WorkerContext:
         self._staging = start.staging
         self._uncommitted: dict[int, str] = {}  # step -> why this rank's part never arrived
         self._never_commits: str | None = None  # why no checkpoint of the run can commit
+        self._said_empty = False  # an empty checkpoint was warned about
         self._committer = Committer(
             self._store, rank, world_size, start.attempt, spec.checkpoint.async_upload,
             on_commit=self._committed, on_failure=self._not_committed,
@@ -536,6 +537,11 @@ class WorkerContext:
         ref = done.saved.ref
         self._spec.recorder.checkpoint.remote(ref.step, ref.uri, done.saved.bytes, done.save_s,
                                               done.upload_s, done.write_s)
+        if done.saved.bytes == 0 and not self._said_empty:
+            self._said_empty = True
+            self._spec.recorder.warning.remote(
+                f"the checkpoint at step {ref.step} holds no data: write(dir) wrote nothing into "
+                "the folder it is given on any rank, so a restart has nothing to load")
         try:
             self._store.prune(self._spec.checkpoint.keep, protect=self._start.protect)
         except Exception as exc:  # a listing or deletion error: the checkpoints stay, that is all
@@ -551,10 +557,9 @@ class WorkerContext:
     def _not_committed(self, step: int, exc: Exception) -> None:
         self._uncommitted[step] = one_line(exc)[:200]
         # The write function's doing: no later checkpoint can commit either.
-        if isinstance(exc, SameFileFromTwoRanks):
+        if isinstance(exc, WriteNeverCommits):
             self._never_commits = f"the checkpoint at step {step} was not committed: " \
-                f"{self._uncommitted[step]}; no checkpoint of this run can be (each rank must " \
-                "write files of its own names, or none)"
+                f"{self._uncommitted[step]}; no checkpoint of this run can be ({exc.advice})"
         self._spec.recorder.warning.remote(
             f"checkpoint at step {step} was not committed (rank {self.rank}): "
             f"{self._uncommitted[step]}")

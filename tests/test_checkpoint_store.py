@@ -228,7 +228,7 @@ def test_rank_0_learns_at_once_that_a_rank_gave_its_part_up(tmp_path):
     spec = StorageSpec(str(tmp_path / "run"))
     broken = CheckpointStore(spec)
 
-    def refuse(local, remote):
+    def refuse(local, remote, linked=False):
         raise OSError("No space left on device")
 
     broken._store_file = refuse
@@ -480,9 +480,9 @@ def test_a_save_never_waits_long_for_a_stalled_upload_the_oldest_waiting_one_is_
     monkeypatch.setattr(Committer, "MAX_WAIT_S", 0.2)
     stalled, real = threading.Event(), store._store_file
 
-    def upload(local, remote):
+    def upload(local, remote, linked=False):
         stalled.wait(30)  # the storage answers once the outage ends
-        return real(local, remote)
+        return real(local, remote, linked)
 
     store._store_file = upload
     failures = []
@@ -626,3 +626,56 @@ def test_a_manifest_placing_a_file_outside_its_folder_is_refused(store, tmp_path
     ref, files, _ = load_newest_intact(store, tmp_path, skipped)
     assert ref.step == 10 and files == {"a": b"good"}
     assert "'../step_000000010/single/a'" in skipped[0] and "'..' part" in skipped[0], skipped
+
+
+def test_a_file_named_manifest_json_is_refused_and_a_linked_one_is_copied(store, tmp_path):
+    """write() making manifest.json: the fetch wrote the orchestrator's manifest through the
+    hard link into the committed file, and every restart lost the newest checkpoint. A file or
+    folder linked into the snapshot (a tokenizer folder): the folder was left out, and a linked
+    file was moved in as the link, so the checkpoint changed with the user's live file."""
+    from orchestrator.checkpoint.store import ReservedFileName
+
+    with pytest.raises(ReservedFileName, match="made 'manifest.json' in the checkpoint at step 10"):
+        store.save(10, {"model.pt": b"w", "manifest.json": b"{}"})
+    live = tmp_path / "live"
+    (live / "tokenizer").mkdir(parents=True)
+    (live / "tokenizer" / "vocab.txt").write_text("a b c")
+    (live / "weights.bin").write_bytes(b"v1")
+    snapshot = tmp_path / "snap"
+    snapshot.mkdir()
+    (snapshot / "weights.bin").symlink_to(live / "weights.bin")
+    (snapshot / "tokenizer").symlink_to(live / "tokenizer")
+    assert local_files(snapshot) == ["tokenizer/vocab.txt", "weights.bin"]
+    part = store.upload_part(20, 0, "att", snapshot)
+    store.commit(20, {0: {"files": part}}, {})
+    (live / "weights.bin").write_bytes(b"v2, training went on")
+    ref, files, _ = load_newest_intact(store, tmp_path)
+    assert ref.step == 20 and files == {"weights.bin": b"v1", "tokenizer/vocab.txt": b"a b c"}
+    assert (live / "weights.bin").exists()  # the user's file stays where it was
+
+
+def test_cleaning_never_stops_a_run_and_the_driver_reads_past_a_corrupt_manifest(
+        store, tmp_path, monkeypatch):
+    from orchestrator.checkpoint.cleanup import remove_stale
+    from orchestrator.driver.run_plan import data_position
+
+    store.save(100, {"m": b"1"}, {"data": {"next_step": 100}})
+    store.save(200, {"m": b"2"}, {"data": {"next_step": 200}})
+
+    class Throttled:  # every listing answered 503 (an object store's SlowDown)
+        def get_file_info(self, *args):
+            raise OSError("AWS Error SLOW_DOWN (HTTP status 503)")
+
+    real = store.fs
+    monkeypatch.setattr(store, "fs", Throttled())
+    assert remove_stale(store) == []  # a warning, not a raise (the run had succeeded)
+    monkeypatch.setattr(store, "fs", real)
+    (tmp_path / "run" / step_dir(200) / MANIFEST).write_text('{"files": {"../x": {}}}')
+    assert data_position(store, store.committed()) == {"next_step": 100}
+
+
+@pytest.mark.parametrize("endpoint", ["s3://127.0.0.1:8333", "HTTP://host:8333", "127.0.0.1:8333"])
+def test_an_endpoint_pyarrow_cannot_take_is_one_line(endpoint):
+    with pytest.raises(ConfigError, match=r"^storage.endpoint=.* is not allowed: http://host:port"):
+        StorageConfig(name="s3", uri="s3://bucket/p", endpoint=endpoint)
+    StorageConfig(name="s3", uri="s3://bucket/p", endpoint="https://s3.example.com")

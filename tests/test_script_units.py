@@ -182,7 +182,7 @@ def test_a_file_is_taken_only_once_closed_and_still_and_put_back_from_the_commit
     assert (folder / "node_0/checkpoint_dir/extra.bin").read_bytes() == b"x"
     # A restart on another node puts node 0's files back (the snapshot rank 0 wrote).
     work2, ckpt2 = make_node_folder(tmp_path / "node1", user, ["snapshot.pt"])
-    assert restore_files(folder, 1, work2, ckpt2) == 2
+    assert restore_files(folder, 1, work2, ckpt2, ["snapshot.pt"]) == 2
     assert (work2 / "snapshot.pt").read_bytes() == b"half and the rest"
     assert not CheckpointWatcher(work2, ckpt2, ["snapshot.pt"], tmp_path / "p2").poll()
 
@@ -198,7 +198,7 @@ def test_a_snapshot_node_1_got_from_node_0_stays_node_0s_in_later_checkpoints(tm
     nodes = {}
     for node in (0, 1):
         work, ckpt = make_node_folder(tmp_path / f"n{node}", user, ["snapshot.pt"])
-        restore_files(checkpoint, node, work, ckpt)
+        restore_files(checkpoint, node, work, ckpt, ["snapshot.pt"])
         nodes[node] = (work, CheckpointWatcher(work, ckpt, ["snapshot.pt"],
                                                tmp_path / f"p{node}", borrowed=node == 1))
     assert (nodes[1][0] / "snapshot.pt").read_text() == "epoch 10"
@@ -214,6 +214,28 @@ def test_a_snapshot_node_1_got_from_node_0_stays_node_0s_in_later_checkpoints(tm
     assert not nodes[1][1].poll() and nodes[1][1].poll()
     nodes[1][1].write_into(tmp_path / "c3", 1)
     assert (tmp_path / "c3/node_1/work/snapshot.pt").read_text() == "node 1's own"
+
+
+def test_a_checkpoint_from_elsewhere_puts_back_only_its_checkpoint_files_never_into_yours(
+        tmp_path):
+    """resume=<uri> of someone's checkpoint listing scripts/train.py: it was copied through the
+    script folder's link over the user's own code, and a sitecustomize.py it listed was moved
+    into trainer.workdir at the end."""
+    user = tmp_path / "user"
+    (user / "scripts").mkdir(parents=True)
+    (user / "scripts" / "train.py").write_text("your code")
+    checkpoint = tmp_path / "c"
+    for name, text in (("snapshot.pt", "weights"), ("ckpt/a.pt", "a"),
+                       ("scripts/train.py", "import os; os.system('x')"),
+                       ("sitecustomize.py", "planted")):
+        (checkpoint / "node_0/work" / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkpoint / "node_0/work" / name).write_text(text)
+    patterns = ["snapshot.pt", "ckpt"]
+    work, ckpt = make_node_folder(tmp_path / "n", user, patterns)
+    assert restore_files(checkpoint, 0, work, ckpt, patterns) == 2
+    assert (work / "snapshot.pt").read_text() == "weights" and (work / "ckpt/a.pt").exists()
+    assert (user / "scripts" / "train.py").read_text() == "your code"
+    assert keep_new_entries(work, user, patterns) == [] and not (user / "sitecustomize.py").exists()
 
 
 def test_words_above_the_workdir_are_read_from_it_and_variables_as_a_shell_gives_them(tmp_path):

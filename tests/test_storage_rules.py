@@ -148,3 +148,22 @@ def test_a_worker_that_reaches_no_store_waits_out_an_outage_then_says_so(monkeyp
                              r"answers at http://127.0.0.1:\d+, for 1 s\): the run does not"):
         check_worker_node(StorageMarker(down, b"marker"))
     assert probe.StorageUnreachable.retry is False
+
+
+def test_an_object_store_that_answers_with_an_error_is_waited_out_not_called_unshared(
+        monkeypatch):
+    """A 503 (SlowDown) on a worker's read of the marker said "node ... does not see the run's
+    storage" and, the same again after the restart, stopped the run."""
+    import orchestrator.storage.probe as probe
+
+    class Throttled:
+        def open_input_stream(self, path):
+            raise OSError("When reading: AWS Error SLOW_DOWN (HTTP status 503)")
+
+    monkeypatch.setattr(probe, "_filesystem", lambda spec: (Throttled(), "bucket/run"))
+    s3 = StorageSpec("s3://bucket/run", "http://127.0.0.1:8333")
+    assert reads_back(s3, "bucket/run/m", b"x").startswith(probe.STORE_ERROR)
+    monkeypatch.setattr(probe, "UNREACHABLE_WAIT_S", 0.0)
+    monkeypatch.setattr(probe.ray.util, "get_node_ip_address", lambda: "10.0.0.2")
+    with pytest.raises(probe.StorageUnreachable, match="cannot be reached from node 10.0.0.2"):
+        check_worker_node(StorageMarker(s3, b"x"))

@@ -345,3 +345,22 @@ def test_a_users_check_that_asserts_refuses_the_config_in_one_line():
                                           r" its check refused the config: AssertionError: steps "
                                           r"must be >= 1$"):
         check_training({"fn": "tests.user_trainers:checks_with_an_assert", "steps": 0})
+
+
+def test_a_write_naming_the_manifest_stops_the_run_and_an_empty_checkpoint_is_said(tmp_path):
+    from orchestrator.worker_api import CheckpointsCannotCommit
+
+    recorder = Recorder()
+    ctx = context(tmp_path, recorder=recorder)
+    ctx.step_done(1)
+    ctx.save(1, lambda d: None)  # writes nothing: torch.save(state, "model.pt") by mistake
+    ctx._flush()
+    assert any("holds no data: write(dir) wrote nothing" in args[0]
+               for args in recorder.named("warning"))
+    ctx.step_done(2)
+    ctx.save(2, lambda d: (d / "manifest.json").write_text("{}"))
+    ctx._flush()
+    with pytest.raises(CheckpointsCannotCommit, match=r"made 'manifest.json'.*no checkpoint of "
+                                                      r"this run can be \(name it otherwise"):
+        ctx.step_done(3)
+    ctx._close()

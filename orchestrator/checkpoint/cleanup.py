@@ -23,13 +23,22 @@ STAGING = ".staging"
 
 def remove_stale(store: CheckpointStore) -> list[str]:
     """Remove what earlier attempts' failed writes left; return the paths (and the unfinished
-    uploads' keys) removed. Errors are warnings: cleaning never stops a run."""
-    removed: list[str] = abort_unfinished_uploads(store.spec)
+    uploads' keys) removed. Errors are warnings: cleaning never stops a run (a throttled
+    listing after a run succeeded, or at a worker group's start)."""
+    removed: list[str] = []
     try:
-        infos = store.fs.get_file_info(pafs.FileSelector(store.root, allow_not_found=True))
+        removed += abort_unfinished_uploads(store.spec)
+        removed += remove_failed_writes(store)
     except OSError as exc:
         log.warning("cleaning %s: %s", store.spec.uri, exc)
-        return removed
+    if removed:
+        log.info("removed %d leftovers of failed writes: %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def remove_failed_writes(store: CheckpointStore) -> list[str]:
+    removed: list[str] = []
+    infos = store.fs.get_file_info(pafs.FileSelector(store.root, allow_not_found=True))
     steps = {step_of(i.base_name): i for i in infos if i.type == pafs.FileType.Directory}
     steps.pop(None, None)
     committed = {s for s in steps if store.is_committed(s)}
@@ -53,8 +62,6 @@ def remove_stale(store: CheckpointStore) -> list[str]:
             os.rmdir(join(store.root, STAGING))
         except OSError:
             pass
-    if removed:
-        log.info("removed %d leftovers of failed writes: %s", len(removed), ", ".join(removed))
     return removed
 
 

@@ -50,8 +50,24 @@ class CorruptCheckpoint(RuntimeError):
     pass
 
 
-class SameFileFromTwoRanks(CorruptCheckpoint):
+class WriteNeverCommits(CorruptCheckpoint):
+    """What write() made cannot commit, and every later checkpoint of the run would be made
+    the same way: the run stops at once (worker_api)."""
+
+    advice = ""
+
+
+class SameFileFromTwoRanks(WriteNeverCommits):
     """Two ranks' write() made the same file: every later checkpoint of the run would too."""
+
+    advice = "each rank must write files of its own names, or none"
+
+
+class ReservedFileName(WriteNeverCommits):
+    """write() made a file named as the checkpoint's own manifest.json, which would replace it
+    in every view of the checkpoint (and, linked, the stored one)."""
+
+    advice = "name it otherwise (state.json, meta.json)"
 
 
 class CheckpointUnreachable(RuntimeError):
@@ -113,8 +129,28 @@ def step_of(name: str) -> int | None:
 
 
 def local_files(directory: Path) -> list[str]:
-    """Every file under a directory, as sorted relative POSIX paths."""
-    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    """Every file under a directory, as sorted relative POSIX paths; a linked file or folder
+    (a tokenizer folder linked in) counts as what it points to, each real folder once."""
+    found, seen = [], set()
+    for root, dirs, files in os.walk(directory, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:  # a link back up the tree
+            dirs[:] = []
+            continue
+        seen.add(real)
+        rel = Path(root).relative_to(directory)
+        found += [(rel / f).as_posix() for f in files if (Path(root) / f).is_file()]
+    return sorted(found)
+
+
+def through_link(directory: Path, name: str) -> bool:
+    """Whether ``directory/name`` is, or lies under, a symbolic link inside ``directory``."""
+    path = directory
+    for part in name.split("/"):
+        path = path / part
+        if path.is_symlink():
+            return True
+    return False
 
 
 def sha256_of(path: Path) -> str:
@@ -235,7 +271,9 @@ class CheckpointStore:
                 shutil.rmtree(folder, ignore_errors=True)  # a failed try leaves nothing behind
             raise
         if not adding:
-            (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            manifest_copy = folder / MANIFEST
+            manifest_copy.unlink(missing_ok=True)  # never written through a link into the store
+            manifest_copy.write_text(json.dumps(manifest, indent=1))
         return folder, need
 
     def _link(self, ref: CheckpointRef, name: str, entry: dict, target: Path, verify: bool) -> None:
@@ -357,6 +395,9 @@ class CheckpointStore:
         A local store moves the files in (a rename on the same disk); others upload them."""
         ref = self.ref(step)
         names = local_files(local)
+        if MANIFEST in names:
+            raise ReservedFileName(f"rank {rank}'s write() made {MANIFEST!r} in the checkpoint at "
+                                   f"step {step}: that name is the checkpoint's own manifest's")
         check_names(names, f"the snapshot {local} of {ref.uri}", CorruptCheckpoint)
         self._retry(f"creating {ref.uri}", lambda: self.fs.create_dir(ref.path, recursive=True),
                     backoff)
@@ -365,7 +406,8 @@ class CheckpointStore:
             key = f"{attempt}/{name}"
             entries[name] = {**self._retry(
                 f"uploading {ref.uri}/{key}",
-                lambda n=name, k=key: self._store_file(local / n, join(ref.path, k)), backoff),
+                lambda n=name, k=key: self._store_file(local / n, join(ref.path, k),
+                                                       through_link(local, n)), backoff),
                 "key": key}
         for name, entry in entries.items():
             size = self._retry(f"checking {ref.uri}/{entry['key']}",
@@ -379,13 +421,16 @@ class CheckpointStore:
                                                    json.dumps(record).encode()), backoff)
         return entries
 
-    def _store_file(self, local: Path, remote: str) -> dict:
+    def _store_file(self, local: Path, remote: str, linked: bool = False) -> dict:
+        """``linked``: the file is reached through a link (the user's own): copied, not moved."""
         if self.is_local:
             Path(remote).parent.mkdir(parents=True, exist_ok=True)
             digest = sha256_of(local)
             try:
+                if linked:
+                    raise OSError("a link: its content is copied")
                 os.replace(local, remote)  # the staging folder is ours alone: move, not copy
-            except OSError:  # another disk
+            except OSError:  # another disk, or a link to a file that is not ours to move
                 shutil.copyfile(local, remote)
             return {"bytes": os.path.getsize(remote), "sha256": digest}
         digest, size = hashlib.sha256(), 0

@@ -6,6 +6,7 @@ builds these dataclasses from the composed config) rejects bad input with one li
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,10 @@ class StorageConfig:
             from orchestrator.storage.location import check_s3_uri
 
             check_s3_uri(self.uri)
+        if self.endpoint:  # pyarrow takes http and https only, lower-case ("s3://host" is not)
+            require(re.fullmatch(r"https?://[^/\s]+/?", self.endpoint) is not None,
+                    "storage.endpoint", self.endpoint,
+                    "http://host:port or https://host (the S3 server's address)")
 
 
 DATA_NAMES = ("digits", "synthetic", "parquet", "torch")

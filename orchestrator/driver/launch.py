@@ -43,7 +43,7 @@ from orchestrator.ray_internals.train_hooks import (
     without_unneeded_actors,
 )
 from orchestrator.storage.location import credential_chain_env
-from orchestrator.storage.probe import check_cluster_storage
+from orchestrator.storage.probe import check_cluster_storage, remove_created_bucket
 from orchestrator.worker.loop import train_loop_per_worker
 from orchestrator.worker.start import WorkerSpec
 from orchestrator.worker.training_function import (
@@ -93,6 +93,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
         return input_error(exc)
     cfg, record_path = run.cfg, output_dir / "run.json"
     winding_down = DeferredInterrupt()  # armed once fit() returns (orchestrator/driver/interrupts.py)
+    storage_checked = False
     try:
         # Started by the CLI beside its checks when it could (orchestrator/driver/session_start.py).
         env = session_env(cfg, run.training.backend)
@@ -101,6 +102,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
             # the marker lets each worker check its own node, nodes joining later included.
             storage_marker = check_cluster_storage(run.plan, joined=session.joined)
+            storage_checked = True
             record, recorder = open_record(run, cfg_node, session, output_dir, started_at)
             try:
                 code, status, error = train(run, session, recorder, output_dir, storage_marker,
@@ -109,6 +111,8 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             except RayActorError as exc:  # the recorder itself (the controller's is fit()'s)
                 code, final = 1, recorder_lost(exc, record_path, record)
     except ConfigError as exc:
+        if run.plan.created_bucket and not storage_checked:  # Ray refused: nothing is written
+            remove_created_bucket(run.plan.run_storage)
         return input_error(exc)
     finally:
         winding_down.disarm()

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from orchestrator.checkpoint.store import CheckpointStore, open_source
+from orchestrator.checkpoint.retry import Backoff, with_retries
+from orchestrator.checkpoint.store import (
+    CheckpointRef,
+    CheckpointStore,
+    CorruptCheckpoint,
+    open_source,
+)
 from orchestrator.config.once import decided_once
 from orchestrator.config.schema import Config, DataConfig
 from orchestrator.data.datasets import DataFacts, check_parquet, data_facts, eval_config
@@ -93,6 +99,31 @@ def refuse_shared_files(data: DataConfig, train: list[str], held_out: list[str])
             f"leaves them out ({str(data.path).rstrip('/')}/*.parquet) or folders apart")
 
 
+LISTING_BACKOFF = Backoff(0.5, 5.0, 30.0)  # a throttled or blinking store, before any start
+
+
+def committed_checkpoints(store: CheckpointStore) -> list[CheckpointRef]:
+    """The run's committed checkpoints, oldest first; a store that cannot be listed (after a
+    few tries) is one line, not a traceback."""
+    try:
+        return with_retries(f"listing {store.spec.uri}", store.committed, LISTING_BACKOFF)
+    except OSError as exc:
+        raise ConfigError(f"storage.uri={store.spec.uri!r}: the run's checkpoints cannot be "
+                          f"listed ({one_line(exc)[:200]})") from None
+
+
+def data_position(store: CheckpointStore, refs: list[CheckpointRef]) -> dict | None:
+    """The data position of the newest checkpoint whose manifest reads (a corrupt one is
+    skipped, as the workers skip it: newest_intact), or None."""
+    for ref in reversed(refs):
+        try:
+            meta = store.read_manifest(ref).get("meta", {})
+        except (CorruptCheckpoint, OSError, ValueError, AttributeError):
+            continue
+        return meta.get("data") if isinstance(meta, dict) else None
+    return None
+
+
 def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> RunPlan:
     """``streams``: the training function reads streamed data (TrainingInfo.streams)."""
     storage = storage_spec(cfg)
@@ -101,7 +132,8 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> 
     if cfg.run.name is None and cfg.resume == "never":
         name += time.strftime("-%Y%m%d-%H%M%S")  # a fresh start gets a fresh folder
     run_storage = storage.child(name)
-    latest = None if bucket_missing else CheckpointStore(run_storage).latest()
+    committed = [] if bucket_missing else committed_checkpoints(CheckpointStore(run_storage))
+    latest = committed[-1] if committed else None
 
     if cfg.resume == "never" and latest is not None:
         raise ConfigError(
@@ -110,7 +142,7 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> 
             "them: choose another run.name, or resume=auto"
         )
     source, step = None, (latest.step if latest else None)
-    resumed = (CheckpointStore(run_storage), latest) if latest else None
+    resumed = (CheckpointStore(run_storage), committed) if latest else None
     if cfg.resume not in ("auto", "never"):
         source = storage.sibling(cfg.resume)
         try:
@@ -123,11 +155,11 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> 
                 "folder with a manifest.json, or a run folder holding some)"
             )
         step = step if latest else found[1].step
-        resumed = resumed or found
+        resumed = resumed or (found[0], [found[1]])
 
     stream = None
     if cfg.data.name == "parquet":  # checked by complete_data, which ran first
-        position = resumed[0].read_manifest(resumed[1]).get("meta", {}).get("data") if resumed else None
+        position = data_position(*resumed) if resumed else None
         stream = plan_stream(cfg.data, storage, cfg.seed, None if streams else trainer.get("name"),
                              cfg.cluster.workers, trainer.get("batch_size"),
                              cfg.data.task or "classification", position)

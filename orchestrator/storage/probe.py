@@ -57,6 +57,7 @@ class StorageUnreachable(RuntimeError):
 
 UNREACHABLE_WAIT_S = 120.0  # an outage at a worker's start is waited out this long
 NOTHING_ANSWERS = "nothing answers at"
+STORE_ERROR = "the store answered with an error:"  # a 503, a throttle: waited out like an outage
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,9 @@ def reads_back(storage: StorageSpec, path: str, content: bytes) -> str | None:
         text = scrubbed(storage, exc)
         if any(marker in text for marker in UNREACHABLE):
             return f"{NOTHING_ANSWERS} {storage.endpoint or 'the S3 endpoint'}"
-        return (text.strip().splitlines() or [type(exc).__name__])[0][:160]
+        first = (text.strip().splitlines() or [type(exc).__name__])[0][:160]
+        # An object store that answers, with an error, is there: not a store of the node's own.
+        return f"{STORE_ERROR} {first}" if storage.is_s3 else first
     return None if found == content else "another file there (not the driver's)"
 
 
@@ -219,12 +222,13 @@ def check_worker_node(marker: StorageMarker | None) -> None:
     path = join(root, MARKER)
     why = reads_back(marker.storage, path, marker.content)
     deadline = time.monotonic() + UNREACHABLE_WAIT_S
-    while why is not None and why.startswith(NOTHING_ANSWERS) and time.monotonic() < deadline:
+    transient = (NOTHING_ANSWERS, STORE_ERROR)
+    while why is not None and why.startswith(transient) and time.monotonic() < deadline:
         time.sleep(2.0)  # the store down (a restart during an outage), not a node of its own
         why = reads_back(marker.storage, path, marker.content)
     if why is not None:
         node = ray.util.get_node_ip_address()
-        if why.startswith(NOTHING_ANSWERS):
+        if why.startswith(transient):
             raise StorageUnreachable(
                 f"the run's storage {marker.storage.uri} cannot be reached from node {node} "
                 f"({why}, for {UNREACHABLE_WAIT_S:.0f} s): the run does not start over without "

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.checkpoint.cleanup import STAGING, remove_stale
-from orchestrator.checkpoint.store import CheckpointRef, CheckpointStore, open_source
+from orchestrator.checkpoint.retry import with_retries
+from orchestrator.checkpoint.store import (
+    READING_BACKOFF,
+    UNREACHABLE_ADVICE,
+    CheckpointRef,
+    CheckpointStore,
+    CheckpointUnreachable,
+    open_source,
+)
 from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.errors import one_line
 from orchestrator.redaction import redact, redact_text
@@ -93,14 +101,20 @@ def choose_checkpoint(spec: WorkerSpec, cache: Path) -> tuple[dict, Path | None]
                                      f"when it reaches step {ref.step}")
     source = False
     if found is None and spec.resume_source is not None:
-        opened = open_source(spec.resume_source)
+        try:  # a store that blinks is retried, as the run's own checkpoints are
+            opened = with_retries(f"reading {spec.resume_source.uri}",
+                                  lambda: open_source(spec.resume_source), READING_BACKOFF)
+        except OSError as exc:
+            raise CheckpointUnreachable(
+                f"resume={spec.resume_source.uri!r} could not be read ({one_line(exc)[:200]}): "
+                f"{UNREACHABLE_ADVICE}") from exc
         if opened is None:  # the driver saw it: pruned or deleted since, never a silent step 0
             raise ResumeSourceGone(
                 f"resume={spec.resume_source.uri!r}: no committed checkpoint there any more "
                 "(pruned or deleted since the run started), and the run has none of its own")
         other, ref = opened
-        found, source = (ref, other.fetch(ref, cache)), True
-        store = other
+        found = (ref, other.fetch_loaded(ref, cache, lambda name: True))
+        source, store = True, other
     if skipped:  # retention goes by commit order (CheckpointStore.prune): its work is kept
         start = f"resumes from step {found[0].step}" if found else "starts at step 0"
         spec.recorder.warning.remote(

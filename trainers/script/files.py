@@ -93,9 +93,13 @@ def keep_new_entries(work: Path, workdir: Path, patterns: list[str]) -> list[str
     return moved
 
 
-def restore_files(checkpoint: Path, node_rank: int, work: Path, ckpt: Path) -> int:
+def restore_files(checkpoint: Path, node_rank: int, work: Path, ckpt: Path,
+                  patterns: list[str]) -> int:
     """Copy this node's files of a committed checkpoint back (node 0's where this node has
-    none: a snapshot rank 0 wrote is every node's). Returns how many files."""
+    none: a snapshot rank 0 wrote is every node's). Returns how many files.
+    Only files the patterns name go back into the script's folder, and never through one of
+    its links (those lead into trainer.workdir): a checkpoint from elsewhere (resume=<uri>)
+    listing scripts/train.py must not replace your code."""
     source = checkpoint / f"node_{node_rank}"
     if not source.is_dir():
         source = checkpoint / "node_0"
@@ -105,11 +109,36 @@ def restore_files(checkpoint: Path, node_rank: int, work: Path, ckpt: Path) -> i
         if not base.is_dir():
             continue
         for path in sorted(p for p in base.rglob("*") if p.is_file()):
-            dest = target / path.relative_to(base)
+            rel = path.relative_to(base).as_posix()
+            if kind == WORK and not named_by(rel, patterns):
+                continue
+            if through_a_link(target, rel):
+                continue
+            dest = target / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest)
             count += 1
     return count
+
+
+def named_by(rel: str, patterns: list[str]) -> bool:
+    """Whether a checkpoint pattern names this file: itself, or a folder above it (ckpt)."""
+    parts = rel.split("/")
+    for pattern in patterns:
+        depth = len(Path(pattern).parts)
+        if depth <= len(parts) and fnmatch.fnmatchcase("/".join(parts[:depth]),
+                                                       "/".join(Path(pattern).parts)):
+            return True
+    return False
+
+
+def through_a_link(folder: Path, rel: str) -> bool:
+    path = folder
+    for part in rel.split("/"):
+        path = path / part
+        if path.is_symlink():
+            return True
+    return False
 
 
 def signature(path: Path) -> tuple | None:

@@ -96,7 +96,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
         if borrowed:
             restored = ctx.restore(["node_0/*"])  # a snapshot rank 0 wrote is every node's
         if restored is not None:
-            restore_files(restored, ctx.node_rank, work, ckpt)
+            restore_files(restored, ctx.node_rank, work, ckpt, patterns)
         watcher = CheckpointWatcher(work, ckpt, patterns, root / "pending",
                                     borrowed=borrowed and ctx.node_rank != 0)
     if ctx.rank == 0 and first["restarts"] and not ctx.start_step:
