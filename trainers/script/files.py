@@ -22,6 +22,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.checkpoint.store import through_link
+
 WORK = "work"  # the checkpoint files under the script's working directory
 CKPT_DIR = "checkpoint_dir"  # the files under $CHECKPOINT_DIR
 
@@ -112,7 +114,7 @@ def restore_files(checkpoint: Path, node_rank: int, work: Path, ckpt: Path,
             rel = path.relative_to(base).as_posix()
             if kind == WORK and not named_by(rel, patterns):
                 continue
-            if through_a_link(target, rel):
+            if through_link(target, rel):
                 continue
             dest = target / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -132,13 +134,6 @@ def named_by(rel: str, patterns: list[str]) -> bool:
     return False
 
 
-def through_a_link(folder: Path, rel: str) -> bool:
-    path = folder
-    for part in rel.split("/"):
-        path = path / part
-        if path.is_symlink():
-            return True
-    return False
 
 
 def signature(path: Path) -> tuple | None:
