@@ -155,7 +155,8 @@ def test_a_resume_source_gone_by_a_later_attempt_stops_it_with_the_reason(tmp_pa
     with no checkpoint of its own: that attempt trained from step 0, silently."""
     CheckpointStore(StorageSpec(str(tmp_path / "other"))).save(10, {"state.txt": b"10"})
     spec = worker_spec(tmp_path, resume_source=tmp_path / "other" / step_dir(10))
-    assert start_point(spec, 0, OneRank(), tmp_path / "work0").step == 10
+    start = start_point(spec, 0, OneRank(), tmp_path / "work0")
+    assert start.step == 10 and (start.path / "state.txt").read_bytes() == b"10"
     shutil.rmtree(tmp_path / "other")
     with pytest.raises(ResumeSourceGone) as gone:
         start_point(spec, 0, OneRank(), tmp_path / "work1")

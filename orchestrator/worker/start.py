@@ -113,7 +113,7 @@ def choose_checkpoint(spec: WorkerSpec, cache: Path) -> tuple[dict, Path | None]
                 f"resume={spec.resume_source.uri!r}: no committed checkpoint there any more "
                 "(pruned or deleted since the run started), and the run has none of its own")
         other, ref = opened
-        found = (ref, other.fetch_loaded(ref, cache, lambda name: True))
+        found = (ref, other.fetch_loaded(ref, cache, lambda name: True)[0])
         source, store = True, other
     if skipped:  # retention goes by commit order (CheckpointStore.prune): its work is kept
         start = f"resumes from step {found[0].step}" if found else "starts at step 0"
