@@ -53,6 +53,22 @@ def test_redact_hides_secret_keys(tmp_path):
     assert "S3CR3T" not in text and json.loads(text)["config"]["storage"]["secret_key"] == REDACTED
 
 
+def test_run_json_is_strict_json_whatever_the_metrics(tmp_path):
+    """A NaN metric (trainer.allow_nonfinite_loss=true) was written as a bare NaN, which jq
+    and JSON.parse refuse: it is null."""
+    rec = RunRecord("r", "ddp", {}, "/ck")
+    rec.progress(3, 12, {"loss": float("nan")}, 10.0)
+    rec.worker_finished(3, {"test_loss": float("inf"), "test_accuracy": 0.5}, 11.0)
+    rec.write(str(tmp_path / "run.json"))
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    written = json.loads((tmp_path / "run.json").read_text(), parse_constant=refuse)
+    assert written["metrics"] == {"test_loss": None, "test_accuracy": 0.5}
+    assert written["train_metrics"] == {"loss": None}
+
+
 def test_cpu_share_is_automatic_and_fractional():
     assert cpus_per_worker(ClusterConfig(workers=2), 2.0) == 1.0
     assert cpus_per_worker(ClusterConfig(workers=16), 2.0) == 0.12

@@ -546,3 +546,16 @@ def test_the_advised_on_change_resumes_the_same_run_and_held_out_files_inside_it
     facts = checked_data_facts(DataConfig(name="parquet", path=f"{events}/*.parquet",
                                           eval_path=str(held)), StorageSpec(str(tmp_path)))
     assert facts.features == FEATURES
+
+
+def test_a_share_of_many_small_files_keeps_only_the_newest_footers(tmp_path):
+    """Every file's footer stayed in memory for the whole run (~70 KiB a 64-column file)."""
+    from orchestrator.data.stream_reader import GroupReader
+
+    data = write_data(tmp_path / "many", files=70, groups=1, rows=4)
+    plan = stream_plan(data, workers=1, batch=4)
+    reader = GroupReader(plan.manifest, pafs.LocalFileSystem(), plan.decoding)
+    for g in range(len(plan.manifest.groups)):
+        x, _ = reader.read(g)
+        assert len(x) == 4
+    assert len(reader._footers) == GroupReader.FOOTERS_KEPT < 70

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from orchestrator.driver.failure_policy import Verdict, WorkerError, classify
 from orchestrator.redaction import REDACTED, redact
+from orchestrator.strict_json import finite
 
 __all__ = ["REDACTED", "RunRecord", "redact"]  # redact: the config's, before it is recorded
 
@@ -214,6 +215,6 @@ class RunRecord:
         # Errors, warnings and URIs can quote a secret (a URL's credentials, an AWS key): the
         # strings are hidden here; the config's secret keys were hidden when it was recorded.
         with open(tmp, "w") as f:
-            json.dump(redact(self.to_dict(), by_key=False), f, indent=2, sort_keys=False)
+            json.dump(finite(redact(self.to_dict(), by_key=False)), f, indent=2, sort_keys=False)
             f.write("\n")
         os.replace(tmp, path)  # readers never see a half-written record

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 
 from orchestrator.redaction import redact
+from orchestrator.strict_json import finite
 
 log = logging.getLogger("orchestrator")
 WORKERS_KEY = "cluster.workers"
@@ -110,17 +110,6 @@ def plot(summary: dict, path: Path) -> bool:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
-
-
-def finite(value):
-    """NaN and infinities as null: strict JSON readers refuse Python's NaN."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite(v) for v in value]
-    return value
 
 
 def write_report(summary: dict, sweep_dir: Path) -> dict[str, Path]:

@@ -9,6 +9,7 @@ scheduler such as ASHA can stop a poor trial early.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -167,10 +168,17 @@ class Progress:
         for step, values in points:
             if step > self.last_step:
                 self.last_step = step
-                reports.append({"step": step, **values, **self.common(record), "final": False})
+                reports.append({"step": step, **as_numbers(values), **self.common(record),
+                                "final": False})
         return reports
 
     def final(self, record: dict) -> dict:
-        return {"step": record.get("steps", 0), **(record.get("train_metrics") or {}),
-                **record.get("metrics", {}), **self.common(record),
+        return {"step": record.get("steps", 0), **as_numbers(record.get("train_metrics") or {}),
+                **as_numbers(record.get("metrics") or {}), **self.common(record),
                 "wall_s": record.get("wall_s"), "final": True}
+
+
+def as_numbers(metrics: dict) -> dict:
+    """run.json writes a NaN or infinite metric as null (strict JSON): Tune gets a NaN back,
+    which its schedulers and searchers take as a failed value."""
+    return {k: math.nan if v is None else v for k, v in metrics.items()}
