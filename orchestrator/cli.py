@@ -80,6 +80,9 @@ def quote_commands(argv: list[str]) -> list[str]:
 
 
 def main(started_at: float = STARTED_AT) -> None:
+    from orchestrator.driver.interrupts import sigterm_as_ctrl_c
+
+    sigterm_as_ctrl_c()  # kill, timeout, docker stop: as a Ctrl-C (run.json says interrupted)
     exit_now(run_command(sys.argv[1:], started_at))
 
 

@@ -30,6 +30,17 @@ def error(step=35, kind="ValueError", message="bad batch", rank=0) -> WorkerErro
         # XGBoost's errors start with its clock: the same error a second later repeats
         ([error(kind="XGBoostError", message="[00:07:16] src/x.cc:38: label must be in (0, 1)")],
          error(kind="XGBoostError", message="[00:07:17] src/x.cc:38: label must be in (0, 1)"), True),
+        # what differs between two processes raising the same bug: an address, the worker's
+        # own folder, the DataLoader process
+        ([error(kind="TypeError", message="bad <Foo object at 0x7f3a2c1d0>")],
+         error(kind="TypeError", message="bad <Foo object at 0x7f99e0b10>"), True),
+        ([error(kind="FileNotFoundError", message="/tmp/orchestrator-rank0-ab12cd_e/x.npy")],
+         error(kind="FileNotFoundError", message="/tmp/orchestrator-rank0-zz9yy8x_/x.npy"), True),
+        ([error(kind="IndexError", message="bad row 37 (in DataLoader worker process 1)")],
+         error(kind="IndexError", message="bad row 37 (in DataLoader worker process 2)"), True),
+        # a peer's port is not one: survivors of a kill are not a repeated bug
+        ([error(kind="RuntimeError", message="Connection reset by peer [127.0.0.1]:21414")],
+         error(kind="RuntimeError", message="Connection reset by peer [127.0.0.1]:30112"), False),
     ],
 )
 def test_a_failure_is_permanent_when_it_repeats_at_the_same_step(history, new, permanent):
@@ -135,11 +146,16 @@ def test_another_clusters_ray_start_on_the_machine_does_not_restart_the_job(ray_
         rec = read_record(tmp_path / "run")
     finally:
         stop_cluster(other)
-        proc.send_signal(signal.SIGINT)
+        # kill, timeout, a scheduler's end: as a Ctrl-C (the driver died at once, and run.json
+        # said "running" for good)
+        proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=300)
     assert all(alive), "the workers were killed when another cluster started"
     assert rec["status"] == "running", rec.get("error")  # still going when we looked
     assert len(rec["world_sizes"]) == 1 and rec["restarts"] == 0, rec["world_sizes"]
+    final = read_record(tmp_path / "run")
+    assert proc.returncode == 130 and final["status"] == "interrupted", final.get("error")
+    assert final["error"] == "interrupted (SIGTERM)"
 
 
 def idle_worker_processes() -> set[int]:

@@ -180,6 +180,18 @@ def test_every_system_config_key_of_an_embedded_cluster_is_one_rays_raylet_knows
     assert [k for k in EMBEDDED_SYSTEM_CONFIG if k.encode() not in raylet] == []
 
 
+def test_a_notice_without_deadline_is_held_past_the_deadline_ray_train_gives_it():
+    """The workers held 30 s after such a notice, then raised: Ray's controller, waiting 120 s,
+    charged that error to failure.max_restarts (a drain could stop a run with exit 1)."""
+    from ray.train.v2._internal.constants import DEFAULT_PREEMPTION_DEADLINE_S
+
+    from orchestrator.ray_internals.knobs import NO_DEADLINE_PREEMPTION_S
+    from orchestrator.worker.start import WorkerSpec
+
+    assert NO_DEADLINE_PREEMPTION_S == DEFAULT_PREEMPTION_DEADLINE_S
+    assert WorkerSpec.__dataclass_fields__["preemption_wait_s"].default > DEFAULT_PREEMPTION_DEADLINE_S
+
+
 def test_ray_cores_private_helpers_are_there():
     from ray._private.authentication import authentication_token_setup
     from ray._private.authentication.authentication_utils import is_token_auth_enabled

@@ -230,3 +230,31 @@ def test_a_dataloader_process_error_is_the_users_own_words():
         list(DataLoader(Bad(), num_workers=1))
     assert one_line(err.value) == "bad row 5 (in DataLoader worker process 0)"
     assert one_line(ValueError("plain")) == "plain"
+
+
+def test_every_failed_group_is_a_restart_a_shrink_after_a_loss_and_an_early_one_too():
+    """A lost node's shrink read as a resize (restarts 0 where Ray had spent two), and a group
+    that failed before its first step was not counted at all."""
+    rec = RunRecord("r", "ddp", {}, "/ck")
+    rec.group_failed()  # the first group dies while it restores: it never said it started
+    assert rec.group_started(4, 0, 1.0) == "restart" and rec.restarts == 1
+    rec.group_failed()  # a node lost
+    assert rec.group_started(2, 100, 2.0) == "restart" and rec.restarts == 2
+    assert rec.group_started(4, 200, 3.0) == "resize" and rec.restarts == 2  # new room
+    rec.group_failed()
+    rec.group_failed()  # the next group failed again before announcing itself
+    assert rec.group_started(4, 200, 4.0) == "restart" and rec.restarts == 4
+
+
+def test_the_failure_line_names_the_rank_that_died_not_the_one_that_lost_it():
+    from types import SimpleNamespace
+
+    from orchestrator.driver.launch import describe_failure
+
+    echo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                        "[127.0.0.1]:21414: Connection reset by peer")
+    died = RuntimeError("Worker health check failed: the actor died (OOM killed)")
+    both = SimpleNamespace(worker_failures={0: echo, 1: died})
+    assert describe_failure(both) == "worker rank 1: RuntimeError: Worker health check failed: " \
+        "the actor died (OOM killed)"
+    assert describe_failure(SimpleNamespace(worker_failures={0: echo})).startswith("worker rank 0")

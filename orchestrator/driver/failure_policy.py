@@ -24,17 +24,27 @@ class WorkerError:
     retry: bool = True  # False: the exception says a restart would only repeat it
 
     def same_failure(self, other: WorkerError) -> bool:
-        return (self.step, self.kind, without_clock(self.message)) == \
-            (other.step, other.kind, without_clock(other.message))
+        return (self.step, self.kind, as_compared(self.message)) == \
+            (other.step, other.kind, as_compared(other.message))
 
 
 # A library's own clock before its message (XGBoost's "[00:07:16] ..."): the same error a
 # second later is the same error.
 CLOCK = re.compile(r"^\s*\[\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\]\s*")
+# What differs between two worker processes raising the same bug: an object's address
+# (<Foo object at 0x7f..>), the worker's own folder (/tmp/orchestrator-rank0-x1y2/...), the
+# DataLoader process that met it. Not every number: a peer's port in the "connection reset"
+# errors the survivors of a kill raise must keep those apart.
+PER_PROCESS = [(re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
+               (re.compile(r"orchestrator-rank\d+-\w+"), "orchestrator-rank?"),
+               (re.compile(r"(DataLoader worker process) \d+"), r"\1 ?")]
 
 
-def without_clock(message: str) -> str:
-    return CLOCK.sub("", message)
+def as_compared(message: str) -> str:
+    message = CLOCK.sub("", message)
+    for pattern, stand_in in PER_PROCESS:
+        message = pattern.sub(stand_in, message)
+    return message
 
 
 @dataclass(frozen=True)

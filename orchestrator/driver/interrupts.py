@@ -62,3 +62,23 @@ def exit_at_once(signum, frame) -> None:
 # What a Ctrl-C does once the run is over: a service running commands in its own process
 # (orchestrator/service/server.py) ends the command there, not itself.
 at_once = [exit_at_once]
+
+
+# The signal that interrupted the command, for run.json's error ("interrupted (SIGTERM)").
+interrupted_by = ["SIGINT"]
+
+
+def sigterm_as_ctrl_c() -> None:
+    """SIGTERM (kill, timeout, docker stop, a scheduler ending the job) stops a command as
+    Ctrl-C does: it goes to whatever SIGINT does at that moment (abort the run and record it as
+    interrupted; during the shutdown, noted). Without this the driver died at once and run.json
+    said "running" for good. Installed again once Ray is up: ray.init in the main thread puts
+    its own (sys.exit) in place."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # a service's command thread: the service's client forwards it as a Ctrl-C
+
+    def forward(signum, frame) -> None:
+        interrupted_by[0] = "SIGTERM"
+        os.kill(os.getpid(), signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, forward)

@@ -23,7 +23,7 @@ from orchestrator.config.schema import Config
 from orchestrator.config.typed import to_typed
 from orchestrator.driver.backends import Backend, check_cluster
 from orchestrator.driver.fault_reporter import FaultReporter
-from orchestrator.driver.interrupts import DeferredInterrupt
+from orchestrator.driver.interrupts import DeferredInterrupt, interrupted_by, sigterm_as_ctrl_c
 from orchestrator.driver.placement_watch import PlacementWatch
 from orchestrator.driver.ray_session import RaySession, user_pythonpath
 from orchestrator.driver.record import RunRecord, redact
@@ -98,6 +98,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
         # Started by the CLI beside its checks when it could (orchestrator/driver/session_start.py).
         env = session_env(cfg, run.training.backend)
         with session_for(cfg.cluster, env, cfg.log.ray_verbose) as session:
+            sigterm_as_ctrl_c()
             # Shared storage (orchestrator/storage/probe.py): on a joined cluster every node
             # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
             # the marker lets each worker check its own node, nodes joining later included.
@@ -293,7 +294,7 @@ def run_to_end(ray_trainer, winding_down: DeferredInterrupt, resumed: bool,
     except KeyboardInterrupt:
         winding_down.arm()
         log.warning("interrupted; %s", kept_for_a_resume(recorder, resumed))
-        return 130, "interrupted", "interrupted (SIGINT)"
+        return 130, "interrupted", f"interrupted ({interrupted_by[0]})"
     except RayActorError as exc:  # the controller died (or the placement watch stopped it)
         return 1, "failed", f"Ray Train's controller ended: {actor_death(exc)}"
     finally:
@@ -321,10 +322,18 @@ def actor_death(exc: Exception) -> str:
     return " ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(exc).__name__
 
 
+# A rank's error that only echoes another rank's death: its collective lost the peer.
+COLLECTIVE_ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+                     "pair.cc", "Socket Timeout", "ProcessGroupGloo", "NCCL communicator")
+
+
 def describe_failure(exc: Exception) -> str:
+    """The failure that says why: a rank that died or raised before one whose collective only
+    lost it (rank 1 OOM-killed, rank 0's all-reduce then "Connection reset by peer")."""
     failures = getattr(exc, "worker_failures", None)
     if failures:
-        rank, err = sorted(failures.items())[0]
+        rank, err = min(failures.items(), key=lambda item: (
+            any(echo in str(item[1]) for echo in COLLECTIVE_ECHOES), item[0]))
         return f"worker rank {rank}: {type(err).__name__}: {str(err).strip().splitlines()[-1]}"
     return str(exc).strip().splitlines()[-1]
 

@@ -60,6 +60,7 @@ class RunRecord:
     _group: int = 0  # worker groups seen so far (the first worker of each one counts it)
     _group_of_pid: dict = field(default_factory=dict)  # worker pid -> its group
     _preempted_since_start: bool = False
+    _failed_groups: int = 0  # worker groups Ray Train saw fail since the last start
     _permanent_step: int | None = None  # where the failure that repeated was raised
     _permanent_why: str = ""  # why it is not retried
 
@@ -68,6 +69,9 @@ class RunRecord:
                       total_steps: int | None = None) -> str:
         """Record a worker group's start; say why it started: start, preemption, restart, resize."""
         kind = "start"
+        # Each failed group spent a restart, a shrink after a lost node included, and one
+        # that failed before it announced itself (restoring, loading its data) too.
+        failed, self._failed_groups = self._failed_groups, 0
         if self.world_sizes:
             # Every start after the first restarts from a checkpoint; the steps done past
             # that checkpoint are computed twice.
@@ -75,13 +79,16 @@ class RunRecord:
             if self._preempted_since_start:
                 self._preempted_since_start = False  # counted as a preemption, not a restart
                 kind = "preemption"
-            elif world_size == self.world_sizes[-1]["size"]:
-                self.restarts += 1
+            elif failed or world_size == self.world_sizes[-1]["size"]:
+                self.restarts += max(failed, 1)
                 kind = "restart"
             else:
-                kind = "resize"
+                kind = "resize"  # grown into new room
         else:
             self.resumed_from_step = step if step > 0 else None
+            if failed:  # the first group failed before it announced itself
+                self.restarts += failed
+                kind = "restart"
         self.world_sizes.append({"size": world_size, "step": step, "at_s": round(at - self.started_at, 3)})
         self.steps = step
         self.total_steps = total_steps or self.total_steps
@@ -133,13 +140,20 @@ class RunRecord:
     def warning(self, message: str) -> None:
         self.warnings.append(message)
 
-    def worker_started(self, rank: int, pid: int, node: str) -> None:
-        if not self.workers or any(w["rank"] == rank for w in self.workers):
+    def group_failed(self) -> None:
+        """Ray Train saw the current worker group fail (it restarts one, or stops)."""
+        self._failed_groups += 1
+
+    def worker_started(self, rank: int, pid: int, node: str) -> bool:
+        """True when this worker is the first of a new group."""
+        new = not self.workers or any(w["rank"] == rank for w in self.workers)
+        if new:
             self.workers = []  # the first worker, or a rank seen again: a new worker group
             self._group += 1
         self.workers = sorted([*self.workers, {"rank": rank, "pid": pid, "node": node}],
                               key=lambda w: w["rank"])
         self._group_of_pid[pid] = self._group
+        return new
 
     def restored(self, rank: int, nbytes: int) -> None:
         """What a worker of the current group fetched of the checkpoint it resumed from: rank 0

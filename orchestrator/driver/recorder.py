@@ -92,9 +92,10 @@ class RunRecorder:
             self._notice(f"{workers} started, training {verb}{of}")
         elif kind == "restart":
             again = self.record.lost_steps - lost
-            self._notice(f"restart {self.record.restarts} after a worker failure: {workers} resume "
-                         f"from the checkpoint at step {step} ({again} steps to compute again)",
-                         "WARNING")
+            resized = f" (from {before})" if before and before != world_size else ""
+            self._notice(f"restart {self.record.restarts} after a worker failure: {workers}"
+                         f"{resized} resume from the checkpoint at step {step} ({again} steps to "
+                         "compute again)", "WARNING")
         elif kind == "preemption":
             self._notice(f"after the preemption: {workers} resume at step {step}", "WARNING")
         else:
@@ -187,7 +188,8 @@ class RunRecorder:
         return len(self.record.world_sizes)
 
     def worker_started(self, rank: int, pid: int, node: str) -> None:
-        self.record.worker_started(rank, pid, node)
+        if self.record.worker_started(rank, pid, node):
+            self._failed_ranks.clear()  # a new group: its failures are new ones
         self._no_group_since = None
         self._write(force=True)
 
@@ -214,6 +216,7 @@ class RunRecorder:
         """Ray Train saw workers fail (a killed process included, which reports nothing)."""
         if self._no_group_since is None:
             self._no_group_since = time.monotonic()
+        self.record.group_failed()
         for rank, message in sorted(errors.items()):
             if rank not in self._failed_ranks:
                 self._failed_ranks.add(rank)

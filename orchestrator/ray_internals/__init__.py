@@ -3,7 +3,8 @@
 - cluster.py: Ray core's private state and token-auth helpers, its node's table of the
   processes it started (the autoscaler monitor, stopped before ray.shutdown(); a GCS or raylet
   that exited under a service), and the file `ray start` records its address in;
-- knobs.py: the names of Ray's environment variables the orchestrator sets, and the system
+- knobs.py: the names of Ray's environment variables the orchestrator sets, the deadline Ray
+  Train gives a preemption notice without one, and the system
   config of a cluster a command starts itself;
 - train_hooks.py: Ray Train's private trainer hooks (its default callbacks, its SIGINT
   handler, its controller's start) and the controller's settings made of knobs.py's

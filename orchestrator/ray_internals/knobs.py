@@ -28,3 +28,9 @@ CORE_KNOBS = (AUTO_CONNECT, SETUP_HOOK)
 # those, and starting them cost ~0.7 CPU-s in the second the run's recorder and controller
 # start their own (2 cores).
 EMBEDDED_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+
+# Ray Train's controller takes a preemption notice without a deadline (a drain without
+# --deadline-remaining-seconds) as one with this many seconds from when it saw it
+# (DEFAULT_PREEMPTION_DEADLINE_S): the workers hold at least this long before they conclude the
+# node stays (orchestrator/worker/loop.py), or their error is charged to failure.max_restarts.
+NO_DEADLINE_PREEMPTION_S = 120.0

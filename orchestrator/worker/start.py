@@ -22,6 +22,7 @@ from orchestrator.checkpoint.store import (
 )
 from orchestrator.config.schema import CheckpointConfig, DataConfig
 from orchestrator.errors import one_line
+from orchestrator.ray_internals.knobs import NO_DEADLINE_PREEMPTION_S
 from orchestrator.redaction import redact, redact_text
 from orchestrator.storage.location import StorageSpec
 
@@ -37,7 +38,8 @@ class WorkerSpec:
     seed: int
     recorder: Any  # the RunRecorder actor handle
     preemption_check_s: float = 1.0  # how often the workers agree on preemption notices
-    preemption_wait_s: float = 30.0  # how long to wait for a notice without deadline
+    # how long to hold after a notice without deadline: past the one Ray Train gives it
+    preemption_wait_s: float = NO_DEADLINE_PREEMPTION_S + 10.0
     eval_every_steps: int | None = None  # run.eval_every_steps
     stream: Any = None  # a StreamPlan where data=parquet is streamed (orchestrator/data/streaming.py)
     run_name: str = ""
