@@ -159,7 +159,11 @@ class Committer:
                 saved = self.store.commit(snap.step, parts, snap.meta, budget)
                 save_s = max(p.get("save_s", 0.0) for p in parts.values())
                 write_s = max(p.get("write_s", 0.0) for p in parts.values())
-        except Exception as exc:  # the run goes on; the next checkpoint tries again
+        except BaseException as exc:  # the run goes on; the next checkpoint tries again
+            # (a write's future may raise a BaseException: DCP's CheckpointException is one,
+            # and this thread ending would hold every later flush forever)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
             log.error("checkpoint at step %d was not committed: %s", snap.step,
                       one_line(exc)[:300])
             if self.rank != 0:

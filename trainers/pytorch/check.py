@@ -138,6 +138,8 @@ def trial(cfg: dict) -> list[str] | None:
     device = torch.device("meta" if meta else "cpu")
     with named("trainer.model", "building it: "), device:
         model = build_model(tcfg)
+    if tcfg.get("parallel") == "fsdp":
+        check_fsdp_blocks(model, list((tcfg.get("fsdp") or {}).get("blocks") or []))
     with named("trainer.step_fn" if given(tcfg.get("step_fn")) else "trainer.loss", "building it: "):
         step = build_step(tcfg, task)
     batch, held_out, notes = tiny_batches(dcfg, tcfg)
@@ -189,6 +191,17 @@ def trial(cfg: dict) -> list[str] | None:
         model.train()
     say(notes)
     return names + ["loss", *metrics]
+
+
+def check_fsdp_blocks(model, names: list[str]) -> None:
+    """A name in trainer.fsdp.blocks that no module of the model has (a typo): only the whole
+    model would be sharded, gathered at once, the memory saving silently lost."""
+    classes = {type(m).__name__ for m in model.modules()}
+    missing = [name for name in names if name not in classes]
+    if missing:
+        raise ConfigError(f"trainer.fsdp.blocks: {', '.join(map(repr, missing))} is no module class "
+                          f"of the model (it has {', '.join(sorted(classes)[:8])}"
+                          f"{', ...' if len(classes) > 8 else ''})")
 
 
 def say(notes: list[str]) -> None:

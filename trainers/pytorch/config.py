@@ -59,13 +59,14 @@ class FSDPConfig:
     """trainer.parallel=fsdp: what is sharded and how (torch.distributed.fsdp.fully_shard)."""
 
     # Module class names sharded as units (each gathers its parameters only while it runs);
-    # empty: every nn.TransformerEncoderLayer/DecoderLayer and every class named *Block/*Layer.
+    # empty: every nn.TransformerEncoderLayer/DecoderLayer and every class named *Block.
     blocks: list[str] = field(default_factory=list)
     reshard_after_forward: bool = True  # free gathered parameters after forward (less memory)
     cpu_offload: bool = False  # keep parameters and optimizer state in CPU memory (GPU runs)
     # Build the model on the meta device, shard it, then initialise only this rank's shards
     # (every module's reset_parameters(), seeded per rank): for models that do not fit one
-    # worker whole. Parameters a module creates without reset_parameters are not initialised.
+    # worker whole. Parameters a module creates without reset_parameters are not initialised,
+    # nor are buffers it fills in __init__ (a causal mask, rotary frequencies).
     meta_init: bool = False
     # A periodic checkpoint blocks the step only while this rank's shards are copied in memory
     # (the copy, 0.75x the sharded state with Adam, is freed once written to disk in the

@@ -45,8 +45,12 @@ def shard(module: nn.Module, fsdp: dict, precision: str) -> nn.Module:
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
                                   output_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
     options = {"mp_policy": policy, "reshard_after_forward": fsdp.get("reshard_after_forward", True),
-               "offload_policy": CPUOffloadPolicy() if fsdp.get("cpu_offload") else OffloadPolicy()}
-    for block in blocks(module, list(fsdp.get("blocks") or [])):
+               # pinned host memory needs an accelerator: not pinned on a CPU-only worker
+               "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+               if fsdp.get("cpu_offload") else OffloadPolicy()}
+    # Innermost first: FSDP2 cannot shard a block inside one it has already sharded
+    # (a ResBlock holding an MLPBlock).
+    for block in reversed(blocks(module, list(fsdp.get("blocks") or []))):
         fully_shard(block, **options)
     fully_shard(module, **options)
     return module
@@ -68,8 +72,10 @@ def materialize(module: nn.Module, device: torch.device, seed: int) -> None:
     torch.manual_seed(seed)
     with torch.no_grad():
         for sub in module.modules():
-            if hasattr(sub, "reset_parameters"):
-                sub.reset_parameters()
+            # nn.MultiheadAttention (in torch's transformer layers) has only the private one
+            reset = getattr(sub, "reset_parameters", None) or getattr(sub, "_reset_parameters", None)
+            if callable(reset):
+                reset()
 
 
 @contextmanager

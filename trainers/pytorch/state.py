@@ -19,12 +19,55 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, wait
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from trainers.pytorch.precision import Precision
+
+
+class OtherParallelMode(ValueError):
+    """A checkpoint of the other trainer.parallel: every restart would meet it again."""
+
+    retry = False
+
+
+@contextmanager
+def plain_errors():
+    """DCP raises CheckpointException, a BaseException: past every `except Exception` (the
+    worker's error report, the upload thread's), it ended them unreported. A RuntimeError
+    with its first rank's failure instead."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        raise RuntimeError(first_failure(exc)) from exc
+
+
+def first_failure(exc) -> str:
+    failures = getattr(exc, "failures", None) or {}
+    for rank, (error, _traceback) in sorted(failures.items()):
+        text = (str(error).strip().splitlines() or [""])[0]
+        return f"torch.distributed.checkpoint on rank {rank}: {type(error).__name__}: {text}"
+    return (str(exc).strip().splitlines() or ["CheckpointException"])[0]
+
+
+def plain_future(future: Future) -> Future:
+    """async_save's future, its CheckpointException a RuntimeError (plain_errors)."""
+    plain: Future = Future()
+
+    def done(finished: Future) -> None:
+        try:
+            plain.set_result(finished.result())
+        except BaseException as exc:  # noqa: BLE001  (a CheckpointException is one)
+            plain.set_exception(RuntimeError(first_failure(exc)) if not isinstance(
+                exc, Exception) else exc)
+
+    future.add_done_callback(done)
+    return plain
 
 
 class TrainingState:
@@ -68,11 +111,13 @@ class TrainingState:
         # No fsync: the folder is only staging for the upload.
         writer = dcp.FileSystemWriter(folder / "dcp", sync_files=False)
         if not background:
-            dcp.save(state, storage_writer=writer)
+            with plain_errors():
+                dcp.save(state, storage_writer=writer)
             return None
         if self._group is None:
             self._group = dist.new_group(backend="gloo")  # DCP's collectives are CPU objects
-        self._writing = dcp.async_save(state, storage_writer=writer, process_group=self._group)
+        self._writing = plain_future(dcp.async_save(state, storage_writer=writer,
+                                                    process_group=self._group))
         return self._writing
 
     def files(self) -> list[str]:
@@ -87,6 +132,10 @@ class TrainingState:
         if self.sharded:
             self._load_shards(folder, fetch)
         else:
+            if not (folder / "model.pt").is_file():
+                raise OtherParallelMode(f"{folder} holds no model.pt: it was written by "
+                                        "trainer.parallel=fsdp; resume it with the same "
+                                        "parallel mode")
             self.module.load_state_dict(torch.load(folder / "model.pt", map_location=device,
                                                    weights_only=True))
             self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt",
@@ -99,17 +148,35 @@ class TrainingState:
                 self.precision.scaler.load_state_dict(extras["scaler"])
 
     def _load_shards(self, folder: Path, fetch: Callable[[list[str]], object] | None) -> None:
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_state_dict,
+            set_state_dict,
+        )
 
-        from trainers.pytorch.dcp_reading import load_sharded
+        from trainers.pytorch.dcp_reading import load_sharded, read_metadata_file
 
         if not (folder / "dcp").is_dir():
-            raise ValueError(f"{folder} holds no sharded state (dcp/): it was written by "
-                             "trainer.parallel=ddp; resume it with the same parallel mode")
+            raise OtherParallelMode(f"{folder} holds no sharded state (dcp/): it was written by "
+                                    "trainer.parallel=ddp; resume it with the same parallel mode")
         model, optimizer = get_state_dict(self.module, self.optimizer)
         state = {"model": model, "optimizer": optimizer}
+        # A parameter that never had a gradient (a head the forward does not call) has no
+        # optimizer state in the checkpoint, but the fresh optimizer's state dict lists it:
+        # asked for, DCP would refuse the whole load. It starts with no state, as it trained.
+        saved = read_metadata_file(folder / "dcp" / ".metadata").state_dict_metadata
+        never_stepped = [name for name in state["optimizer"].get("state", {})
+                         if not any(key.startswith(f"optimizer.state.{name}.") for key in saved)]
+        for name in never_stepped:
+            del state["optimizer"]["state"][name]
         # This rank's shards, at any world size; read as data only (the folder may be anyone's).
-        load_sharded(state, folder / "dcp",
-                     fetch and (lambda names: fetch([f"dcp/{name}" for name in names])))
+        with plain_errors():
+            load_sharded(state, folder / "dcp",
+                         fetch and (lambda names: fetch([f"dcp/{name}" for name in names])))
+        # strict=False only for those: DCP's load has already refused any other missing key
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+                       optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(strict=not never_stepped))
+        parameters = dict(self.module.named_parameters())
+        for name in never_stepped:
+            self.optimizer.state.pop(parameters.get(name), None)
