@@ -35,18 +35,29 @@ SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
 MIN_SECRET_LEN = 6
 
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s?#]*@")
+# A URL's userinfo up to its last '@' before the host: an AWS secret key may hold '/'
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s?#]*@(?=[^\s/?#@]*(?:[/?#\s]|$))")
 _PAIR = re.compile(r"""(?P<name>[A-Za-z_][\w.\-]*)(?P<eq>\s*=\s*)"""
                    r"""(?P<value>'[^']*'|"[^"]*"|[^\s&#;,'"]+)""")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[\w.~+/=\-]{8,}")
+
+
+# A secret word followed by one of these names something about it, not the secret itself
+# (pad_token_id, token_dropout, auth_token_path: RAY_AUTH_TOKEN_PATH is a file's path).
+NOT_THE_SECRET = frozenset({"id", "ids", "dim", "dims", "dropout", "type", "types", "len",
+                            "length", "count", "size", "path", "file", "dir", "sock", "url",
+                            "endpoint", "index", "idx"})
 
 
 def is_secret_name(name: object) -> bool:
     """Whether a key (or an override's or a query parameter's name) names a secret; of a
     dotted path, its last part."""
     words = [w.lower() for w in _WORDS.findall(str(name).rsplit(".", 1)[-1])]
-    return any(w in SECRET_WORDS for w in words) or any(
-        pair in SECRET_PAIRS for pair in pairwise(words))
+    if any(pair in SECRET_PAIRS for pair in pairwise(words)):  # AWS_ACCESS_KEY_ID too
+        return True
+    if words and words[-1] in NOT_THE_SECRET:
+        return False
+    return any(w in SECRET_WORDS for w in words)
 
 
 def env_secrets(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -76,6 +76,10 @@ def test_every_option_composes_and_types(override):
          "trainer.params.eval_metric: not in trainer.params yet: a key of your own there is "
          "added with a leading +: +trainer.params.eval_metric=..."),
         (["trainer.lrr=1"], "trainer.lrr: unknown key"),
+        # tracebacks, exit 1, found by a review: an infinite GPU count, a group set to null
+        (["cluster.gpus_per_worker=inf"], "cluster.gpus_per_worker=inf"),
+        (["trainer=null"], "trainer=null is not allowed: name one of its options"),
+        (["hydra.job.chdir=true"], "hydra.job.chdir=true is not allowed"),
     ],
 )
 def test_bad_overrides_name_the_key(overrides, key):

@@ -32,7 +32,10 @@ def test_secret_names(name):
 
 @pytest.mark.parametrize("name", [
     "tokenizer", "max_tokens", "author", "name", "endpoint", "keep", "PWD", "storage.uri",
-    "key", "X-Amz-Date"])
+    "key", "X-Amz-Date",
+    # a model's settings, and a path to a secret (not the secret): pad_token_id was hidden in
+    # run.json and .hydra, and the dashboard's sign-in hint lost RAY_AUTH_TOKEN_PATH's file
+    "pad_token_id", "eos_token_id", "token_dropout", "signature_dim", "RAY_AUTH_TOKEN_PATH"])
 def test_names_that_are_not_secrets(name):
     assert not is_secret_name(name)
 
@@ -47,6 +50,9 @@ def test_names_that_are_not_secrets(name):
      "deadbeef", "X-Amz-Date=20260101"),
     ("Authorization: Bearer abcdefgh12345", "abcdefgh12345", "Bearer ***"),
     ("storage.secret_key=abc,seed=1", "abc,", "seed=1"),  # Hydra's override_dirname
+    # about half of AWS secret keys hold a '/': the userinfo ends at the host's '@'
+    ("storage.uri='s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYKEY@bucket/p' is",
+     "K7MDENG", "s3://***@bucket/p' is"),
 ])
 def test_secrets_inside_strings_are_hidden(text, hidden, kept):
     shown = redact_text(text, secrets=[])

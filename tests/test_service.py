@@ -183,3 +183,23 @@ def test_stop_waits_for_the_services_end_not_for_its_zombie_to_be_reaped():
     assert time.monotonic() - started < 5
     ended.wait()
 
+
+
+def test_a_served_commands_variables_reach_its_workers_and_other_credentials_are_not_served(
+        monkeypatch):
+    """The service's Ray processes have the environment of the command that started it: a
+    later command's HF_TOKEN or AWS keys did not reach its workers, the first one's did."""
+    from orchestrator.service import served_env
+
+    first = {"HOME": "/root", "AWS_ACCESS_KEY_ID": "AKIAFIRST", "AWS_SECRET_ACCESS_KEY": "s1",
+             "OMP_NUM_THREADS": "1"}
+    monkeypatch.setattr(served_env, "ray_started_with", first)
+    assert served_env.credentials_differ(first) == []
+    second = {"HOME": "/root", "AWS_PROFILE": "prod", "HF_TOKEN": "hf_second"}
+    assert served_env.credentials_differ(second) == [
+        "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN"]
+    monkeypatch.setattr(os, "environ", {**first, "MY_FLAG": "2", "OMP_NUM_THREADS": "4",
+                                        "CUDA_VISIBLE_DEVICES": "0", "RAY_ADDRESS": "x"})
+    assert served_env.for_workers() == {"MY_FLAG": "2", "OMP_NUM_THREADS": "4"}
+    monkeypatch.setattr(served_env, "ray_started_with", None)  # a plain command: nothing
+    assert served_env.for_workers() == {} and served_env.credentials_differ(second) == []

@@ -167,3 +167,14 @@ def test_an_object_store_that_answers_with_an_error_is_waited_out_not_called_uns
     monkeypatch.setattr(probe.ray.util, "get_node_ip_address", lambda: "10.0.0.2")
     with pytest.raises(probe.StorageUnreachable, match="cannot be reached from node 10.0.0.2"):
         check_worker_node(StorageMarker(s3, b"x"))
+
+
+@pytest.mark.parametrize("path, says", [
+    ("foo://bar/x.parquet", "is not allowed: a directory, s3://bucket/prefix or another URI"),
+    ("s3://B/x", "is not allowed: s3://bucket/prefix with a bucket name")])
+def test_a_data_path_pyarrow_cannot_open_names_data_path_not_storage_uri(path, says):
+    from orchestrator.config.schema import DataConfig
+    from orchestrator.data.datasets import check_parquet
+
+    with pytest.raises(ConfigError, match=f"^data.path={path!r} {says}".replace("(", r"\(")):
+        check_parquet(DataConfig(name="parquet", path=path), StorageSpec("/tmp/ckpt"))

@@ -168,8 +168,15 @@ def test_scaling_compares_trials_that_differ_only_in_workers():
          "samples_per_s": 150.0, "status": "succeeded", "metric": 0.8},
         {"trial": "d", "overrides": ["cluster.workers=8", "trainer.lr=0.1"], "workers": 8,
          "samples_per_s": None, "status": "failed", "metric": None},
+        # a failed trial's partial rate was the baseline: speedup 36, efficiency 1800%
+        {"trial": "e", "overrides": ["cluster.workers=1", "trainer.lr=0.3"], "workers": 1,
+         "samples_per_s": 5.0, "status": "failed", "metric": None},
+        {"trial": "f", "overrides": ["cluster.workers=2", "trainer.lr=0.3"], "workers": 2,
+         "samples_per_s": 180.0, "status": "succeeded", "metric": 0.7},
     ]
     add_scaling(rows)
+    assert rows[4]["speedup"] is None and rows[5]["speedup"] is None
+    rows = rows[:4]
     assert rows[1]["speedup"] == 3.0 and rows[1]["efficiency"] == 0.75
     assert rows[2]["speedup"] is None  # its own group, the only trial with lr=0.2: nothing to compare
     assert rows[3]["speedup"] is None
@@ -263,3 +270,18 @@ def test_after_ctrl_c_a_trial_that_had_failed_on_its_own_still_shows_failed(tmp_
     rows = [trial_row(r, space, 2, interrupted=True) for r in results]
     assert [r["status"] for r in rows] == ["succeeded", "failed", "interrupted"]
     assert rows[1]["error"] == "trial stopped" and rows[2]["error"] is None
+
+
+def test_a_sweep_may_compare_trials_by_a_figure_every_trial_reports(tmp_path):
+    """hydra.sweeper.metric=samples_per_s (documented) gave no metric and no best trial: the
+    figure is a row's own, not one of its metrics."""
+    from types import SimpleNamespace
+
+    from orchestrator.sweep.runner import summarize
+
+    rows = [{"trial": t, "status": "succeeded", "metrics": {"test_accuracy": 0.9},
+             "samples_per_s": rate, "wall_s": 10.0, "steps": 100} for t, rate in (("a", 1000.0),
+                                                                                   ("b", 1900.0))]
+    conf = SimpleNamespace(metric="samples_per_s", mode="max", search="grid")
+    summary = summarize(conf, "s", tmp_path, SimpleNamespace(fixed=[]), rows, 1, 1.0, 0.0)
+    assert [r["metric"] for r in rows] == [1000.0, 1900.0] and summary["best"]["trial"] == "b"

@@ -81,6 +81,14 @@ def check_command_line(argv: list[str], conf_dir: Path, before_parts=None) -> in
     if split is None:
         return 0
     overrides, multirun = split
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        if key == "hydra.job.chdir" and value.strip().lower() == "true":
+            # The run would resolve data.path, storage.uri... against Hydra's output folder:
+            # a rerun would never find its checkpoints.
+            raise ConfigError("hydra.job.chdir=true is not allowed: paths are read from the "
+                              "folder you run the command in, and the run's files go to its "
+                              "output folder already")
     from orchestrator.sweep.metric import check_metric
     from orchestrator.worker.training_function import cluster_keys_given, size_cluster
 
@@ -176,6 +184,11 @@ def compose_one(overrides: list[str], return_hydra_config: bool = False):
         raise ConfigError(f"cannot parse the overrides: {one_line(exc)}") from exc
     except OmegaConfBaseException as exc:
         raise ConfigError(composition_error(exc)) from exc
+    except ValueError as exc:  # trainer=null: "Config group override must be a string..."
+        group = next((o.split("=", 1)[0] for o in overrides
+                      if o.split("=", 1)[-1] in ("null", "~")), None)
+        raise ConfigError(f"{group}=null is not allowed: name one of its options"
+                          if group else one_line(exc)) from exc
 
 
 def unknown_option(exc: MissingConfigException, overrides: list[str]) -> str:

@@ -6,6 +6,7 @@ builds these dataclasses from the composed config) rejects bad input with one li
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +54,7 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, "cluster.workers", self.workers, "an integer >= 1")
-        require(self.placement_timeout_s > 0, "cluster.placement_timeout_s",
+        require(0 < self.placement_timeout_s < math.inf, "cluster.placement_timeout_s",
                 self.placement_timeout_s, "a number of seconds > 0")
         if self.min_workers is not None:
             require(
@@ -63,10 +64,10 @@ class ClusterConfig:
                 f"null or an integer in 1..cluster.workers ({self.workers})",
             )
         if self.cpus_per_worker is not None:
-            require(self.cpus_per_worker > 0, "cluster.cpus_per_worker", self.cpus_per_worker,
-                    "null (automatic) or a number > 0")
-        require(self.gpus_per_worker >= 0, "cluster.gpus_per_worker", self.gpus_per_worker,
-                "a number >= 0")
+            require(0 < self.cpus_per_worker < math.inf, "cluster.cpus_per_worker",
+                    self.cpus_per_worker, "null (automatic) or a number > 0")
+        require(0 <= self.gpus_per_worker < math.inf, "cluster.gpus_per_worker",
+                self.gpus_per_worker, "a number >= 0")
         if self.num_cpus is not None:
             require(self.num_cpus >= 1, "cluster.num_cpus", self.num_cpus, "null or an integer >= 1")
         require(0 <= self.keep_alive <= KEEP_ALIVE_MAX_S, "cluster.keep_alive", self.keep_alive,

@@ -182,7 +182,7 @@ def _parquet_dataset(cfg: DataConfig, storage: StorageSpec | None, key: str = "d
 
     from orchestrator.data.manifest import list_files
 
-    spec = storage.sibling(cfg.path) if storage else StorageSpec(cfg.path)
+    spec = storage.sibling(cfg.path, key) if storage else StorageSpec(cfg.path, key=key)
     fs, path = spec.filesystem()
     try:  # the files a streamed run reads too: a glob's matches, a folder's *.parquet
         files = [info.path for info in list_files(fs, path, key)]

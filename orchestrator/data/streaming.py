@@ -150,7 +150,7 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
                               "streamed data is for training functions that read it through "
                               "ctx.stream() or ctx.share() (ddp, fsdp, mwms, xgboost, lightgbm)")
         return None
-    data = storage.sibling(cfg.path)
+    data = storage.sibling(cfg.path, "data.path")
     fs, path = data.filesystem()
     manifest = read_manifest(fs, path, cfg.label, "data.path", cfg.max_row_group_mb, cfg.columns)
     before = resumed if resumed and resumed.get("streamed") else None
@@ -168,7 +168,7 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
         return None
     eval_data = eval_manifest = None
     if cfg.eval_path:
-        eval_data = storage.sibling(cfg.eval_path)
+        eval_data = storage.sibling(cfg.eval_path, "data.eval_path")
         efs, epath = eval_data.filesystem()
         eval_manifest = read_manifest(efs, epath, cfg.label, "data.eval_path", cfg.max_row_group_mb,
                                       cfg.columns)

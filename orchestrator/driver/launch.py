@@ -278,7 +278,10 @@ def worker_env(backend: Backend) -> dict[str, str]:
     it would also come first while Python starts, and a file of the user's named like a module
     Python imports then (re.py, types.py, enum.py) would kill every worker process at its start.
     """
-    return {**user_pythonpath(), **credential_chain_env(), **backend.worker_env}
+    from orchestrator.service.served_env import for_workers
+
+    # A served command's own variables too: the service's Ray has its first command's.
+    return {**for_workers(), **user_pythonpath(), **credential_chain_env(), **backend.worker_env}
 
 
 def run_to_end(ray_trainer, winding_down: DeferredInterrupt, resumed: bool,

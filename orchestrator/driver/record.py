@@ -229,6 +229,7 @@ class RunRecord:
         # Errors, warnings and URIs can quote a secret (a URL's credentials, an AWS key): the
         # strings are hidden here; the config's secret keys were hidden when it was recorded.
         with open(tmp, "w") as f:
-            json.dump(finite(redact(self.to_dict(), by_key=False)), f, indent=2, sort_keys=False)
+            json.dump(finite(redact(self.to_dict(), by_key=False)), f, indent=2, sort_keys=False,
+                      default=str)  # a value of a user's own type (an Enum) as its text
             f.write("\n")
         os.replace(tmp, path)  # readers never see a half-written record

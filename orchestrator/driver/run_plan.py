@@ -144,7 +144,7 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> 
     source, step = None, (latest.step if latest else None)
     resumed = (CheckpointStore(run_storage), committed) if latest else None
     if cfg.resume not in ("auto", "never"):
-        source = storage.sibling(cfg.resume)
+        source = storage.sibling(cfg.resume, "resume")
         try:
             found = open_source(source)
         except OSError as exc:

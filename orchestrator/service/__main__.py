@@ -37,16 +37,19 @@ def main(argv: list[str]) -> int:
         print("no service is running")
         return 0 if argv == ["stop"] else 1
     if argv == ["stop"]:
-        wait_stopped(int(reply["stopping"]))
+        if not wait_stopped(int(reply["stopping"])):
+            print(f"service {reply['stopping']} stops once the command it runs ends")
+            return 1
         print(f"service {reply['stopping']} stopped")
     else:
         print(json.dumps(reply))
     return 0
 
 
-def wait_stopped(pid: int, timeout_s: float = 60.0) -> None:
+def wait_stopped(pid: int, timeout_s: float = 60.0) -> bool:
     """Until the service's process (which shuts its Ray down first) has ended: gone, or a
-    zombie (ended, and not yet waited for by whichever process it was re-parented to)."""
+    zombie (ended, and not yet waited for by whichever process it was re-parented to). False
+    if it still runs after ``timeout_s`` (a command it serves)."""
     import time
     from pathlib import Path
 
@@ -55,10 +58,11 @@ def wait_stopped(pid: int, timeout_s: float = 60.0) -> None:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
         except (OSError, IndexError):
-            return
+            return True
         if state in ("Z", "X"):
-            return
+            return True
         time.sleep(0.1)
+    return False
 
 
 if __name__ == "__main__":

@@ -54,9 +54,15 @@ def log_path() -> Path:
 
 
 def code_stamp() -> str:
-    """The orchestrator's code as the service loaded it: a service whose code has changed since
-    (an upgrade, an edit) is replaced, not used."""
-    newest = max((entry.stat().st_mtime_ns for entry in PACKAGE.rglob("*.py")), default=0)
+    """The code as the service loaded it (the orchestrator, its trainers, its Hydra plugins): a
+    service whose code has changed since (an upgrade, an edit) is replaced, not used."""
+    newest = 0
+    for package in (PACKAGE, PACKAGE.parent / "trainers", PACKAGE.parent / "hydra_plugins"):
+        for entry in package.rglob("*.py"):
+            try:
+                newest = max(newest, entry.stat().st_mtime_ns)
+            except OSError:  # an editor's lock file (.#cli.py), a link to nothing
+                continue
     return f"{newest}"
 
 

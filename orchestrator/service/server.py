@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.ray_internals.cluster import exited_ray_process
+from orchestrator.service import served_env
 from orchestrator.service.place import Reader, code_stamp, send, socket_path
 
 log = logging.getLogger("orchestrator")
@@ -75,6 +76,7 @@ class Service:
             self.close()
 
     def accept(self) -> None:
+        stopping = None  # why the service ends once its command is done (a stop, new code)
         while True:
             try:
                 conn, _ = self.listener.accept()
@@ -85,32 +87,32 @@ class Service:
                 request = reader.next()
             except (OSError, ValueError):
                 request = None
+
             if request is None:
-                conn.close()
+                answer(conn, reader, {})
                 continue
-            if request.get("stop"):
-                send(conn, {"stopping": os.getpid()})
-                conn.close()
-                self.commands.put(None)
-                return
             if request.get("status"):
-                send(conn, self.status())
-                conn.close()
+                answer(conn, reader, self.status())
                 continue
-            if request.get("stamp") != self.stamp:
-                send(conn, {"stale": "the orchestrator's code changed since the service started"})
-                conn.close()
+            if stopping is not None:  # still answering, so no one waits on the backlog
+                answer(conn, reader, {"stopping": os.getpid()} if request.get("stop")
+                       else {"declined": f"the service is stopping after its command ({stopping})"})
+                continue
+            if request.get("stop") or request.get("stamp") != self.stamp:
+                stopping = "asked to stop" if request.get("stop") else "the code changed"
+                answer(conn, reader, {"stopping": os.getpid()} if request.get("stop") else
+                       {"stale": "the orchestrator's code changed since the service started"})
                 self.commands.put(None)
-                return
+                if not self.busy.is_set():
+                    return
+                continue
             if self.busy.is_set():
-                send(conn, {"declined": "the service is running another command"})
-                conn.close()
+                answer(conn, reader, {"declined": "the service is running another command"})
                 continue
             gone = exited_ray_process()
             if gone:  # a Ray whose core process died takes the next command down with it
-                send(conn, {"declined": f"the service's Ray stopped (its {gone} exited), so "
-                                        "the service stops too"})
-                conn.close()
+                answer(conn, reader, {"declined": f"the service's Ray stopped (its {gone} exited), so the "
+                                    "service stops too"})
                 self.commands.put(None)
                 return
             self.busy.set()
@@ -137,9 +139,19 @@ class Service:
             self.next_command.set()
             self.preparing.join()  # what it ends and starts must not be this command's
             self.next_command.clear()
+        differ = served_env.credentials_differ(request["env"])
+        if differ:  # its workers would run with the first command's credentials
+            for fd in command.fds:
+                os.close(fd)
+            send(command.conn, {"declined": "the service's Ray was started with other "
+                                            f"credentials ({', '.join(differ)})"})
+            command.conn.close()
+            self.busy.clear()
+            return
         before = ServedState(command.fds, request)
         relay = Relay(command.reader)
         started = time.time()
+        ray_was_up = ray_up()
         reply: dict
         try:
             code = run_command(request)
@@ -148,6 +160,8 @@ class Service:
             reply = {"declined": f"the service's Ray was started with other settings: {exc}"}
         finally:
             relay.stop()
+            if not ray_was_up and ray_up():  # this command started the Ray its processes share
+                served_env.ray_started_with = dict(request["env"])
         actors = self.actors_since(started)
         try:
             if actors:
@@ -387,3 +401,13 @@ def main() -> None:
     log.info("service %d listening at %s", os.getpid(), service.path)
     import orchestrator.cli  # noqa: F401  (Hydra, the config schema: ready for the first command)
     service.run()
+
+
+def answer(conn, reader: Reader, message: dict) -> None:
+    """Every reply but a command's: the descriptors sent with it are closed here (a declined
+    command's stdout held open kept `| tee` waiting until the service ended)."""
+    if message:
+        send(conn, message)
+    conn.close()
+    for fd in reader.fds:
+        os.close(fd)

@@ -84,17 +84,18 @@ class StorageSpec:
     region: str = "us-east-1"
     credentials: Credentials | None = field(default=None, compare=False)
     create_bucket: bool = False
+    key: str = field(default="storage.uri", compare=False)  # the config key its errors name
 
     def filesystem(self, **s3_options) -> tuple[pafs.FileSystem, str]:
         return open_uri(self, **s3_options)
 
     def child(self, *parts: str) -> StorageSpec:
         return StorageSpec(join(self.uri, *parts), self.endpoint, self.region, self.credentials,
-                           self.create_bucket)
+                           self.create_bucket, self.key)
 
-    def sibling(self, uri: str) -> StorageSpec:
-        """Another URI reached the same way (same endpoint and credentials)."""
-        return StorageSpec(absolute(uri), self.endpoint, self.region, self.credentials)
+    def sibling(self, uri: str, key: str = "storage.uri") -> StorageSpec:
+        """Another URI reached the same way (same endpoint and credentials), given as ``key``."""
+        return StorageSpec(absolute(uri), self.endpoint, self.region, self.credentials, key=key)
 
     @property
     def is_s3(self) -> bool:
@@ -133,7 +134,7 @@ def open_uri(spec: StorageSpec, **s3_options) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), absolute(uri)
     scheme, rest = uri.split("://", 1)
     if scheme == "s3":
-        check_s3_uri(uri)
+        check_s3_uri(uri, spec.key)
         kwargs = {"region": spec.region, "connect_timeout": 5.0, "request_timeout": 60.0,
                   "allow_bucket_creation": spec.create_bucket}
         if spec.endpoint:
@@ -150,6 +151,6 @@ def open_uri(spec: StorageSpec, **s3_options) -> tuple[pafs.FileSystem, str]:
         return pafs.FileSystem.from_uri(uri)
     except Exception as exc:  # pyarrow raises ArrowInvalid and friends for unknown schemes
         raise ConfigError(
-            f"storage.uri={uri!r} is not allowed: a directory, s3://bucket/prefix or another "
+            f"{spec.key}={uri!r} is not allowed: a directory, s3://bucket/prefix or another "
             f"URI pyarrow understands ({one_line(exc)})"
         ) from exc

@@ -29,11 +29,12 @@ def add_scaling(rows: list[dict]) -> None:
     for row in rows:
         groups.setdefault(group_key(row), []).append(row)
     for members in groups.values():
-        measured = [r for r in members if r.get("samples_per_s")]
+        # a failed or interrupted trial's partial rate is no baseline (nor a point)
+        measured = [r for r in members if r.get("samples_per_s") and r.get("status") == "succeeded"]
         base = min(measured, key=lambda r: r["workers"], default=None)
         alone = len({r["workers"] for r in measured}) < 2  # nothing to compare it with
         for row in members:
-            if base is None or alone or not row.get("samples_per_s"):
+            if base is None or alone or row not in measured:
                 row["speedup"] = row["efficiency"] = None
                 continue
             row["speedup"] = round(row["samples_per_s"] / base["samples_per_s"], 3)

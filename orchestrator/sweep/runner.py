@@ -317,7 +317,8 @@ def trial_row(result, space: SweepSpace, default_workers: int, interrupted: bool
 def summarize(conf: RayTuneSweeperConf, name: str, sweep_dir: Path, space: SweepSpace,
               rows: list[dict], at_once: int, budget: float, started: float) -> dict:
     for row in rows:
-        row["metric"] = row["metrics"].get(conf.metric)
+        # a figure every trial reports (samples_per_s, wall_s, steps) is a row's own
+        row["metric"] = row["metrics"].get(conf.metric, row.get(conf.metric))
     done = [r for r in rows if r["status"] == "succeeded" and r["metric"] is not None
             and math.isfinite(r["metric"])]  # a NaN is never the best
     pick = max if conf.mode == "max" else min
