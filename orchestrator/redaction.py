@@ -35,8 +35,10 @@ SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
 MIN_SECRET_LEN = 6
 
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
-# A URL's userinfo up to its last '@' before the host: an AWS secret key may hold '/'
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s?#]*@(?=[^\s/?#@]*(?:[/?#\s]|$))")
+# A URL's userinfo, up to the '@' before its host: a user:secret pair may hold '/' (about half
+# of AWS secret keys do) and '@'; a path's '@' (s3://bucket/users/jane@corp.com) is no userinfo.
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)(?:[^\s/?#@:]*:[^\s?#]*|[^\s/?#@]*)@"
+                           r"(?=[^\s/?#@]*(?:[/?#\s'\"]|$))")
 _PAIR = re.compile(r"""(?P<name>[A-Za-z_][\w.\-]*)(?P<eq>\s*=\s*)"""
                    r"""(?P<value>'[^']*'|"[^"]*"|[^\s&#;,'"]+)""")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[\w.~+/=\-]{8,}")

@@ -674,8 +674,9 @@ def test_cleaning_never_stops_a_run_and_the_driver_reads_past_a_corrupt_manifest
     assert data_position(store, store.committed()) == {"next_step": 100}
 
 
-@pytest.mark.parametrize("endpoint", ["s3://127.0.0.1:8333", "HTTP://host:8333", "127.0.0.1:8333"])
+@pytest.mark.parametrize("endpoint", ["s3://127.0.0.1:8333", "HTTP://host:8333", "ftp://host"])
 def test_an_endpoint_pyarrow_cannot_take_is_one_line(endpoint):
     with pytest.raises(ConfigError, match=r"^storage.endpoint=.* is not allowed: http://host:port"):
         StorageConfig(name="s3", uri="s3://bucket/p", endpoint=endpoint)
-    StorageConfig(name="s3", uri="s3://bucket/p", endpoint="https://s3.example.com")
+    for fine in ("https://s3.example.com", "http://127.0.0.1:8333", "minio.internal:9000"):
+        StorageConfig(name="s3", uri="s3://bucket/p", endpoint=fine)  # no scheme: https

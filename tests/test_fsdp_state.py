@@ -101,6 +101,7 @@ def test_nested_blocks_shard_inner_first_and_meta_init_fills_attention(tmp_path)
     materialize(layer, torch.device("cpu"), seed=3)
     weight = layer.self_attn.in_proj_weight  # nn.MultiheadAttention: only _reset_parameters
     assert torch.isfinite(weight).all() and 0.01 < weight.std() < 1.0
+    assert not layer.self_attn.out_proj.bias.any()  # zeroed after its Linear's reset, as torch does
 
 
 def test_a_block_name_no_module_has_is_refused_by_the_trial():

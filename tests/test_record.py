@@ -236,13 +236,25 @@ def test_every_failed_group_is_a_restart_a_shrink_after_a_loss_and_an_early_one_
     """A lost node's shrink read as a resize (restarts 0 where Ray had spent two), and a group
     that failed before its first step was not counted at all."""
     rec = RunRecord("r", "ddp", {}, "/ck")
+
+    def group(size: int) -> None:  # its workers start (each says so as it starts)
+        for rank in range(size):
+            rec.worker_started(rank, 1000 * len(rec.world_sizes) + rank, "node")
+
+    group(4)
     rec.group_failed()  # the first group dies while it restores: it never said it started
+    group(4)
     assert rec.group_started(4, 0, 1.0) == "restart" and rec.restarts == 1
-    rec.group_failed()  # a node lost
+    for _ in range(3):  # Ray Train tells it at every poll while the failure lasts
+        rec.group_failed()  # a node lost
+    group(2)
     assert rec.group_started(2, 100, 2.0) == "restart" and rec.restarts == 2
+    group(4)
     assert rec.group_started(4, 200, 3.0) == "resize" and rec.restarts == 2  # new room
     rec.group_failed()
+    group(4)
     rec.group_failed()  # the next group failed again before announcing itself
+    group(4)
     assert rec.group_started(4, 200, 4.0) == "restart" and rec.restarts == 4
 
 

@@ -61,7 +61,8 @@ def test_secrets_inside_strings_are_hidden(text, hidden, kept):
 
 @pytest.mark.parametrize("text", [
     "s3://bucket/prefix/step_000000010", "mail me at a@b.example", "trainer.lr=0.1",
-    "http://127.0.0.1:8265", "tokens=128"])
+    "http://127.0.0.1:8265", "tokens=128", "s3://bucket/users/jane@corp.com/run",
+    "git+https://github.com/o/r.git@v1"])
 def test_plain_strings_are_kept(text):
     assert redact_text(text, secrets=[]) == text
 

@@ -182,7 +182,8 @@ def test_a_file_is_taken_only_once_closed_and_still_and_put_back_from_the_commit
     assert (folder / "node_0/checkpoint_dir/extra.bin").read_bytes() == b"x"
     # A restart on another node puts node 0's files back (the snapshot rank 0 wrote).
     work2, ckpt2 = make_node_folder(tmp_path / "node1", user, ["snapshot.pt"])
-    assert restore_files(folder, 1, work2, ckpt2, ["snapshot.pt"]) == 2
+    assert restore_files(folder, 1, work2, ckpt2, ["snapshot.pt"]) == \
+        {"work/snapshot.pt", "checkpoint_dir/extra.bin"}  # node 0's: not node 1's own
     assert (work2 / "snapshot.pt").read_bytes() == b"half and the rest"
     assert not CheckpointWatcher(work2, ckpt2, ["snapshot.pt"], tmp_path / "p2").poll()
 
@@ -198,9 +199,9 @@ def test_a_snapshot_node_1_got_from_node_0_stays_node_0s_in_later_checkpoints(tm
     nodes = {}
     for node in (0, 1):
         work, ckpt = make_node_folder(tmp_path / f"n{node}", user, ["snapshot.pt"])
-        restore_files(checkpoint, node, work, ckpt, ["snapshot.pt"])
+        borrowed = restore_files(checkpoint, node, work, ckpt, ["snapshot.pt"])
         nodes[node] = (work, CheckpointWatcher(work, ckpt, ["snapshot.pt"],
-                                               tmp_path / f"p{node}", borrowed=node == 1))
+                                               tmp_path / f"p{node}", borrowed=borrowed))
     assert (nodes[1][0] / "snapshot.pt").read_text() == "epoch 10"
     (nodes[0][0] / "snapshot.pt").write_text("epoch 20")  # rank 0 saves
     assert not nodes[0][1].poll() and nodes[0][1].poll()
@@ -214,6 +215,14 @@ def test_a_snapshot_node_1_got_from_node_0_stays_node_0s_in_later_checkpoints(tm
     assert not nodes[1][1].poll() and nodes[1][1].poll()
     nodes[1][1].write_into(tmp_path / "c3", 1)
     assert (tmp_path / "c3/node_1/work/snapshot.pt").read_text() == "node 1's own"
+    # A node with files of its own gets node 0's others too: a snapshot only rank 0 writes
+    # beside node 1's own rng state.
+    (later / "node_1/checkpoint_dir").mkdir(parents=True)
+    (later / "node_1/checkpoint_dir/rng1.pt").write_text("node 1's rng")
+    work, ckpt = make_node_folder(tmp_path / "n1b", user, ["snapshot.pt"])
+    assert restore_files(later, 1, work, ckpt, ["snapshot.pt"]) == {"work/snapshot.pt"}
+    assert (work / "snapshot.pt").read_text() == "epoch 20"
+    assert (ckpt / "rng1.pt").read_text() == "node 1's rng"
 
 
 def test_a_checkpoint_from_elsewhere_puts_back_only_its_checkpoint_files_never_into_yours(
@@ -232,8 +241,14 @@ def test_a_checkpoint_from_elsewhere_puts_back_only_its_checkpoint_files_never_i
         (checkpoint / "node_0/work" / name).write_text(text)
     patterns = ["snapshot.pt", "ckpt"]
     work, ckpt = make_node_folder(tmp_path / "n", user, patterns)
-    assert restore_files(checkpoint, 0, work, ckpt, patterns) == 2
+    restore_files(checkpoint, 0, work, ckpt, patterns)
     assert (work / "snapshot.pt").read_text() == "weights" and (work / "ckpt/a.pt").exists()
+    # a pattern with ** names files at any depth, as the watcher took them
+    deep = make_node_folder(tmp_path / "deep", user, ["ckpt/**/*.pt"])[0]
+    (checkpoint / "node_0/work/ckpt/x/y").mkdir(parents=True)
+    (checkpoint / "node_0/work/ckpt/x/y/z.pt").write_text("z")
+    restore_files(checkpoint, 0, deep, tmp_path / "deep_ckpt", ["ckpt/**/*.pt"])
+    assert (deep / "ckpt/x/y/z.pt").read_text() == "z" and (deep / "ckpt/a.pt").exists()
     assert (user / "scripts" / "train.py").read_text() == "your code"
     assert keep_new_entries(work, user, patterns) == [] and not (user / "sitecustomize.py").exists()
 

@@ -198,8 +198,12 @@ def test_a_served_commands_variables_reach_its_workers_and_other_credentials_are
     second = {"HOME": "/root", "AWS_PROFILE": "prod", "HF_TOKEN": "hf_second"}
     assert served_env.credentials_differ(second) == [
         "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN"]
+    # a URL with a password is a credential too, whatever its name
+    assert served_env.credentials_differ({**first, "DATABASE_URL": "postgres://u:pw@db/x"}) == \
+        ["DATABASE_URL"]
     monkeypatch.setattr(os, "environ", {**first, "MY_FLAG": "2", "OMP_NUM_THREADS": "4",
-                                        "CUDA_VISIBLE_DEVICES": "0", "RAY_ADDRESS": "x"})
+                                        "CUDA_VISIBLE_DEVICES": "0", "RAY_ADDRESS": "x",
+                                        "SSH_CONNECTION": "10.0.0.1 5 10.0.0.2 22"})
     assert served_env.for_workers() == {"MY_FLAG": "2", "OMP_NUM_THREADS": "4"}
     monkeypatch.setattr(served_env, "ray_started_with", None)  # a plain command: nothing
     assert served_env.for_workers() == {} and served_env.credentials_differ(second) == []

@@ -26,11 +26,11 @@ def remove_stale(store: CheckpointStore) -> list[str]:
     uploads' keys) removed. Errors are warnings: cleaning never stops a run (a throttled
     listing after a run succeeded, or at a worker group's start)."""
     removed: list[str] = []
-    try:
-        removed += abort_unfinished_uploads(store.spec)
-        removed += remove_failed_writes(store)
-    except OSError as exc:
-        log.warning("cleaning %s: %s", store.spec.uri, exc)
+    for clean in (abort_unfinished_uploads, lambda spec: remove_failed_writes(store)):
+        try:  # one failing does not keep the other from its part
+            removed += clean(store.spec)
+        except OSError as exc:
+            log.warning("cleaning %s: %s", store.spec.uri, exc)
     if removed:
         log.info("removed %d leftovers of failed writes: %s", len(removed), ", ".join(removed))
     return removed

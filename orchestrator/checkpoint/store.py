@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pyarrow.fs as pafs
 
@@ -130,16 +130,22 @@ def step_of(name: str) -> int | None:
 
 def local_files(directory: Path) -> list[str]:
     """Every file under a directory, as sorted relative POSIX paths; a linked file or folder
-    (a tokenizer folder linked in) counts as what it points to, each real folder once."""
-    found, seen = [], set()
-    for root, dirs, files in os.walk(directory, followlinks=True):
-        real = os.path.realpath(root)
-        if real in seen:  # a link back up the tree
-            dirs[:] = []
-            continue
-        seen.add(real)
-        rel = Path(root).relative_to(directory)
-        found += [(rel / f).as_posix() for f in files if (Path(root) / f).is_file()]
+    (a tokenizer folder linked in, latest -> step_100) counts as what it points to, under its
+    own name too; a link back up the tree is not followed."""
+    found: list[str] = []
+
+    def walk(folder: Path, rel: PurePosixPath, ancestors: frozenset[str]) -> None:
+        real = os.path.realpath(folder)
+        if real in ancestors:
+            return
+        for entry in os.scandir(folder):
+            path = Path(entry.path)
+            if path.is_dir():
+                walk(path, rel / entry.name, ancestors | {real})
+            elif path.is_file():
+                found.append((rel / entry.name).as_posix())
+
+    walk(directory, PurePosixPath(), frozenset())
     return sorted(found)
 
 

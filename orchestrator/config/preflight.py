@@ -184,9 +184,14 @@ def compose_one(overrides: list[str], return_hydra_config: bool = False):
         raise ConfigError(f"cannot parse the overrides: {one_line(exc)}") from exc
     except OmegaConfBaseException as exc:
         raise ConfigError(composition_error(exc)) from exc
+    except ConfigError:
+        raise
     except ValueError as exc:  # trainer=null: "Config group override must be a string..."
+        if "Config group override" not in str(exc):
+            raise
         group = next((o.split("=", 1)[0] for o in overrides
-                      if o.split("=", 1)[-1] in ("null", "~")), None)
+                      if "." not in o.split("=", 1)[0] and o.split("=", 1)[-1] in ("null", "~")),
+                     None)
         raise ConfigError(f"{group}=null is not allowed: name one of its options"
                           if group else one_line(exc)) from exc
 

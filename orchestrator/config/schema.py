@@ -107,9 +107,9 @@ class StorageConfig:
 
             check_s3_uri(self.uri)
         if self.endpoint:  # pyarrow takes http and https only, lower-case ("s3://host" is not)
-            require(re.fullmatch(r"https?://[^/\s]+/?", self.endpoint) is not None,
+            require(re.fullmatch(r"(https?://)?[^/:\s]+(:\d+)?/?", self.endpoint) is not None,
                     "storage.endpoint", self.endpoint,
-                    "http://host:port or https://host (the S3 server's address)")
+                    "http://host:port, https://host or host:port (https), the S3 server's address")
 
 
 DATA_NAMES = ("digits", "synthetic", "parquet", "torch")

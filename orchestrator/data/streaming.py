@@ -154,7 +154,8 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
     fs, path = data.filesystem()
     manifest = read_manifest(fs, path, cfg.label, "data.path", cfg.max_row_group_mb, cfg.columns)
     before = resumed if resumed and resumed.get("streamed") else None
-    if before and (change := what_changed(before["manifest"], manifest)):
+    change = what_changed(before["manifest"], manifest) if before else None
+    if change:
         if cfg.on_change == "refuse":
             raise ConfigError(
                 f"data.path={cfg.path!r} changed since the checkpoint this run resumes from "
@@ -162,7 +163,7 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
                 "go on with the data as it is now, or start a new run (run.name)")
     # data.stream=auto resumes as the checkpoint read its data (streamed or held), whatever the
     # data's size is now: the two orders differ.
-    wanted = (before is not None if resumed and cfg.stream == "auto"
+    wanted = (before is not None if resumed and cfg.stream == "auto" and not change
               else stream_wanted(cfg, manifest))
     if not wanted:
         return None

@@ -74,11 +74,14 @@ def sigterm_as_ctrl_c() -> None:
     interrupted; during the shutdown, noted). Without this the driver died at once and run.json
     said "running" for good. Installed again once Ray is up: ray.init in the main thread puts
     its own (sys.exit) in place."""
-    if threading.current_thread() is not threading.main_thread():
-        return  # a service's command thread: the service's client forwards it as a Ctrl-C
+    if threading.current_thread() is not threading.main_thread() or at_once[0] is not exit_at_once:
+        return  # a service's command: its client forwards SIGTERM as a Ctrl-C; the service's own stays
 
     def forward(signum, frame) -> None:
         interrupted_by[0] = "SIGTERM"
+        if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+            # a command started in the background (`... &`) ignores SIGINT: raise it here
+            raise KeyboardInterrupt
         os.kill(os.getpid(), signal.SIGINT)
 
     signal.signal(signal.SIGTERM, forward)

@@ -87,6 +87,7 @@ def checked_run(cfg_node: DictConfig) -> CheckedRun:
 def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     """Run one job; return its exit code (0 ok, 1 training failed, 2 bad input)."""
     resolve_paths(cfg_node, Path.cwd())  # a sweep's trial had them resolved by its driver
+    interrupted_by[0] = "SIGINT"  # a service runs many commands in one process
     try:
         run = checked_run(cfg_node)
     except ConfigError as exc:
@@ -102,8 +103,8 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             # Shared storage (orchestrator/storage/probe.py): on a joined cluster every node
             # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
             # the marker lets each worker check its own node, nodes joining later included.
+            storage_checked = True  # its own refusal removes a bucket it finds created
             storage_marker = check_cluster_storage(run.plan, joined=session.joined)
-            storage_checked = True
             record, recorder = open_record(run, cfg_node, session, output_dir, started_at)
             try:
                 code, status, error = train(run, session, recorder, output_dir, storage_marker,

@@ -60,7 +60,9 @@ class RunRecord:
     _group: int = 0  # worker groups seen so far (the first worker of each one counts it)
     _group_of_pid: dict = field(default_factory=dict)  # worker pid -> its group
     _preempted_since_start: bool = False
-    _failed_groups: int = 0  # worker groups Ray Train saw fail since the last start
+    # The worker groups (by _group) Ray Train saw fail since the last start: a set, since its
+    # controller tells it at every poll while a group's failure lasts (a preemption's 120 s).
+    _failed_groups: set = field(default_factory=set)
     _permanent_step: int | None = None  # where the failure that repeated was raised
     _permanent_why: str = ""  # why it is not retried
 
@@ -71,7 +73,7 @@ class RunRecord:
         kind = "start"
         # Each failed group spent a restart, a shrink after a lost node included, and one
         # that failed before it announced itself (restoring, loading its data) too.
-        failed, self._failed_groups = self._failed_groups, 0
+        failed, self._failed_groups = len(self._failed_groups), set()
         if self.world_sizes:
             # Every start after the first restarts from a checkpoint; the steps done past
             # that checkpoint are computed twice.
@@ -142,7 +144,7 @@ class RunRecord:
 
     def group_failed(self) -> None:
         """Ray Train saw the current worker group fail (it restarts one, or stops)."""
-        self._failed_groups += 1
+        self._failed_groups.add(self._group)
 
     def worker_started(self, rank: int, pid: int, node: str) -> bool:
         """True when this worker is the first of a new group."""

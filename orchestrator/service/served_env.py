@@ -13,13 +13,24 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from orchestrator.redaction import SECRET_ENV, is_secret_name
+from orchestrator.redaction import SECRET_ENV, is_secret_name, redact_text
 from orchestrator.storage.location import CHAIN_ENV
 
 # The environment the service's Ray processes were started with (None: not a service's Ray).
 ray_started_with: dict[str, str] | None = None
 # Each worker process's own, set by Ray or by the orchestrator for it.
 NOT_HANDED_ON = ("CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "SHLVL", "_", "PYTHONPATH")
+# A terminal's or a login's own: they differ from shell to shell and mean nothing to a worker
+# (handed on, they would also make the runtime environment differ from the ready processes').
+SESSION_PREFIXES = ("SSH_", "TMUX", "TERM", "DISPLAY", "XDG_", "WINDOW", "COLUMNS", "LINES",
+                    "PS1", "LS_COLORS", "STY", "VSCODE_", "COLORTERM", "LC_TERMINAL", "RAY_")
+
+
+def is_credential(name: str, value: str | None) -> bool:
+    """AWS keys and the chain's pointers, a secret-looking name, or a URL holding user:password
+    (DATABASE_URL=postgres://u:pw@host): not to be handed on, nor served with another's."""
+    return (name in SECRET_ENV or name in CHAIN_ENV or is_secret_name(name)
+            or (value is not None and redact_text(value, secrets=[]) != value))
 
 
 def credentials_differ(env: Mapping[str, str]) -> list[str]:
@@ -28,8 +39,8 @@ def credentials_differ(env: Mapping[str, str]) -> list[str]:
     if ray_started_with is None:
         return []
     names = set(env) | set(ray_started_with)
-    return sorted(n for n in names if (n in SECRET_ENV or n in CHAIN_ENV or is_secret_name(n))
-                  and env.get(n) != ray_started_with.get(n))
+    return sorted(n for n in names if env.get(n) != ray_started_with.get(n) and (
+        is_credential(n, env.get(n)) or is_credential(n, ray_started_with.get(n))))
 
 
 def for_workers() -> dict[str, str]:
@@ -37,4 +48,5 @@ def for_workers() -> dict[str, str]:
     if ray_started_with is None:
         return {}
     return {k: v for k, v in os.environ.items()
-            if ray_started_with.get(k) != v and k not in NOT_HANDED_ON and not k.startswith("RAY_")}
+            if ray_started_with.get(k) != v and k not in NOT_HANDED_ON
+            and not k.startswith(SESSION_PREFIXES) and not is_credential(k, v)}

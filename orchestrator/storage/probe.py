@@ -30,7 +30,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.errors import ConfigError, one_line
 from orchestrator.storage.check import UNREACHABLE
-from orchestrator.storage.location import StorageSpec, join
+from orchestrator.storage.location import StorageSpec, join, refused_credentials
 
 if TYPE_CHECKING:
     from orchestrator.driver.run_plan import RunPlan
@@ -112,8 +112,10 @@ def reads_back(storage: StorageSpec, path: str, content: bytes) -> str | None:
         if any(marker in text for marker in UNREACHABLE):
             return f"{NOTHING_ANSWERS} {storage.endpoint or 'the S3 endpoint'}"
         first = (text.strip().splitlines() or [type(exc).__name__])[0][:160]
-        # An object store that answers, with an error, is there: not a store of the node's own.
-        return f"{STORE_ERROR} {first}" if storage.is_s3 else first
+        # An object store that answers with an error (a 503, a throttle) is there: not a store
+        # of the node's own. Not refused credentials or a missing bucket: waiting cures neither.
+        lasting = refused_credentials(exc) or "NoSuchBucket" in text or "NOT_FOUND" in text
+        return f"{STORE_ERROR} {first}" if storage.is_s3 and not lasting else first
     return None if found == content else "another file there (not the driver's)"
 
 

@@ -150,7 +150,7 @@ def validated(trainer: dict, schema: type | None) -> dict:
         raise
     except OmegaConfBaseException as exc:
         raise as_config_error(exc, prefix="trainer.") from None
-    return OmegaConf.to_container(merged, resolve=True, enum_to_str=True)  # JSON in run.json
+    return OmegaConf.to_container(merged, resolve=True)
 
 
 def size_cluster(cfg_node, given: set[str]) -> None:

@@ -71,8 +71,9 @@ def materialize(module: nn.Module, device: torch.device, seed: int) -> None:
     module.to_empty(device=device)
     torch.manual_seed(seed)
     with torch.no_grad():
-        for sub in module.modules():
-            # nn.MultiheadAttention (in torch's transformer layers) has only the private one
+        # Children first, as their parents' __init__ ran after theirs: nn.MultiheadAttention's
+        # own reset (its only one is private) then zeroes its out_proj's bias, as torch does.
+        for sub in reversed(list(module.modules())):
             reset = getattr(sub, "reset_parameters", None) or getattr(sub, "_reset_parameters", None)
             if callable(reset):
                 reset()

@@ -45,13 +45,13 @@ def check_script(cfg: dict) -> None:
     command = parse_command(trainer["command"])
     where = ("this folder" if workdir.resolve() == Path.cwd().resolve()
              else f"trainer.workdir={str(workdir)!r}")
-    if command.script is not None:
+    if command.script is not None and "$" not in command.script:  # $NAME: the worker's to expand
         script = workdir / command.script
         if not script.is_file():
             raise ConfigError(f"trainer.command={trainer['command']!r}: the script "
                               f"{command.script!r} does not exist in {where}")
     program = command.argv[0]
-    if not is_python(program):  # a program of its own: ./run.sh, or a name on PATH
+    if not is_python(program) and "$" not in program:  # a program of its own: ./run.sh, or on PATH
         if "/" in program and not os.access(workdir / program, os.X_OK):
             raise ConfigError(f"trainer.command={trainer['command']!r}: {program!r} in {where} "
                               "is not executable (chmod +x it, or run it as bash/python "

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.checkpoint.store import through_link
+from orchestrator.data.manifest import glob_match
 
 WORK = "work"  # the checkpoint files under the script's working directory
 CKPT_DIR = "checkpoint_dir"  # the files under $CHECKPOINT_DIR
@@ -96,44 +97,48 @@ def keep_new_entries(work: Path, workdir: Path, patterns: list[str]) -> list[str
 
 
 def restore_files(checkpoint: Path, node_rank: int, work: Path, ckpt: Path,
-                  patterns: list[str]) -> int:
-    """Copy this node's files of a committed checkpoint back (node 0's where this node has
-    none: a snapshot rank 0 wrote is every node's). Returns how many files.
+                  patterns: list[str]) -> set[str]:
+    """Copy this node's files of a committed checkpoint back, over node 0's (a snapshot rank 0
+    wrote is every node's; a node that wrote files of its own has those). Returns the names
+    ("work/<rel>", "checkpoint_dir/<rel>") that came from node 0 alone: not this node's own.
     Only files the patterns name go back into the script's folder, and never through one of
     its links (those lead into trainer.workdir): a checkpoint from elsewhere (resume=<uri>)
     listing scripts/train.py must not replace your code."""
-    source = checkpoint / f"node_{node_rank}"
-    if not source.is_dir():
-        source = checkpoint / "node_0"
-    count = 0
+    own = copy_node_files(checkpoint / f"node_{node_rank}", work, ckpt, patterns)
+    if node_rank == 0:
+        return set()
+    return copy_node_files(checkpoint / "node_0", work, ckpt, patterns, keep=own) - own
+
+
+def copy_node_files(source: Path, work: Path, ckpt: Path, patterns: list[str],
+                    keep: set[str] = frozenset()) -> set[str]:
+    """A node folder's files into the script's folders, but those named in ``keep``; returns
+    the names copied."""
+    copied = set()
     for kind, target in ((WORK, work), (CKPT_DIR, ckpt)):
         base = source / kind
         if not base.is_dir():
             continue
         for path in sorted(p for p in base.rglob("*") if p.is_file()):
             rel = path.relative_to(base).as_posix()
-            if kind == WORK and not named_by(rel, patterns):
+            name = f"{kind}/{rel}"
+            if name in keep or (kind == WORK and not named_by(rel, patterns)):
                 continue
             if through_link(target, rel):
                 continue
             dest = target / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest)
-            count += 1
-    return count
+            copied.add(name)
+    return copied
 
 
 def named_by(rel: str, patterns: list[str]) -> bool:
-    """Whether a checkpoint pattern names this file: itself, or a folder above it (ckpt)."""
+    """Whether a checkpoint pattern names this file, as the watcher's glob took it: itself
+    (``**`` spans folders), or a folder above it (``ckpt``)."""
     parts = rel.split("/")
-    for pattern in patterns:
-        depth = len(Path(pattern).parts)
-        if depth <= len(parts) and fnmatch.fnmatchcase("/".join(parts[:depth]),
-                                                       "/".join(Path(pattern).parts)):
-            return True
-    return False
-
-
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return any(glob_match(prefix, pattern.rstrip("/")) for pattern in patterns for prefix in prefixes)
 
 
 def signature(path: Path) -> tuple | None:
@@ -171,10 +176,10 @@ class CheckpointWatcher:
     ckpt: Path
     patterns: list[str]
     pending_root: Path
-    # The restored files were node 0's (this node had none): not this node's own until it
+    # The restored files that were node 0's (restore_files): not this node's own until it
     # writes them, so not kept under node_<n> (a later restart would take that stale copy
     # over node 0's newer one).
-    borrowed: bool = False
+    borrowed: set[str] = field(default_factory=set)
     taken: dict[str, tuple] = field(default_factory=dict)  # name -> signature last taken
     seen: dict[str, tuple] = field(default_factory=dict)  # name -> signature at the last poll
     not_own: set[str] = field(default_factory=set)  # restored from node 0, not rewritten since
@@ -183,8 +188,7 @@ class CheckpointWatcher:
     def __post_init__(self) -> None:
         self.pending_root.mkdir(parents=True, exist_ok=True)
         self.taken = {name: sig for name, sig in self.current().items()}  # restored files
-        if self.borrowed:
-            self.not_own = set(self.taken)
+        self.not_own = set(self.borrowed) & set(self.taken)
 
     def current(self) -> dict[str, tuple]:
         """name ("work/<rel>" or "checkpoint_dir/<rel>") -> signature, for every file."""

@@ -91,14 +91,11 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
     if ctx.local_rank == 0:
         remove_earlier_attempts(root.parent, ctx.run_name)
         work, ckpt = make_node_folder(root, Path(trainer["workdir"]), patterns)
-        restored = ctx.restore([f"node_{ctx.node_rank}/*"])  # this node's files only
-        borrowed = restored is not None and not (restored / f"node_{ctx.node_rank}").is_dir()
-        if borrowed:
-            restored = ctx.restore(["node_0/*"])  # a snapshot rank 0 wrote is every node's
-        if restored is not None:
-            restore_files(restored, ctx.node_rank, work, ckpt, patterns)
-        watcher = CheckpointWatcher(work, ckpt, patterns, root / "pending",
-                                    borrowed=borrowed and ctx.node_rank != 0)
+        # this node's files, over node 0's (a snapshot rank 0 wrote is every node's)
+        restored = ctx.restore([f"node_{ctx.node_rank}/*", "node_0/*"])
+        borrowed = restore_files(restored, ctx.node_rank, work, ckpt, patterns) \
+            if restored is not None else set()
+        watcher = CheckpointWatcher(work, ckpt, patterns, root / "pending", borrowed=borrowed)
     if ctx.rank == 0 and first["restarts"] and not ctx.start_step:
         ctx.warn("the script restarted from the beginning: it wrote no checkpoint files "
                  f"(trainer.checkpoint_files={patterns}, or files under $CHECKPOINT_DIR)")
