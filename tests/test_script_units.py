@@ -347,3 +347,24 @@ def test_a_sweeps_trial_shares_its_cpus_among_the_workers_torchruns_flags_ask_fo
                            command_dir=str(tmp_path))
         cfg = compose_trial(ctx, {"seed": "1"}, "t1")
     assert (cfg.cluster.workers, cfg.cluster.cpus_per_worker, cfg.seed) == (4, 0.25, 1)
+
+
+def test_every_variable_the_script_is_given_is_refused_in_the_command_but_the_tunable_ones(
+        monkeypatch, tmp_path):
+    """The command's refused names (command.py) and what each rank is given (run.py's
+    script_env) are two lists: a variable added to one must be in the other."""
+    from types import SimpleNamespace
+
+    from trainers.script.run import script_env
+
+    monkeypatch.setattr(os, "environ", {})
+    ctx = SimpleNamespace(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                          max_restarts=3, run_name="r")
+    given = set(script_env(ctx, {"nodes": 1, "addr": "h", "port": 1, "restarts": 0}, {},
+                           tmp_path, tmp_path, tmp_path))
+    tunable = {"OMP_NUM_THREADS", "PYTHONUNBUFFERED"}  # OMP_NUM_THREADS=4 torchrun ... is yours
+    for name in sorted(given - tunable):
+        with pytest.raises(ConfigError, match=f"{name} is set for each worker"):
+            parse_command(f"{name}=1 python t.py")
+    for name in tunable:
+        assert parse_command(f"{name}=4 python t.py").env == {name: "4"}
