@@ -69,12 +69,16 @@ class TrainingInfo:
     # (trainer keys, cluster keys, the cluster keys given on the command line) -> cluster keys
     # to set: a function that knows the run's size from its own keys (torchrun's flags).
     cluster: Callable[[dict, dict, set], dict] | None = None
+    # What each CPU worker's process imports as it starts, instead of its backend's
+    # (orchestrator/worker/warm.py); None: the backend's.
+    warm_imports: tuple[str, ...] | None = None
 
 
 def training_function(config: type | None = None,
                       check: Callable[[dict], Iterable[str] | None] | None = None,
                       step_unit: str = "step", streams: bool = False,
-                      cluster: Callable[[dict, dict, set], dict] | None = None):
+                      cluster: Callable[[dict, dict, set], dict] | None = None,
+                      warm_imports: Iterable[str] | None = None):
     """Optional decorator: the schema your ``trainer`` keys must fit (a dataclass whose
     ``__post_init__`` may raise ConfigError), extra checks ``check(cfg)`` on what the function
     will get (``{"trainer": ..., "data": ...}``: try your parts on a tiny batch, say), and the
@@ -84,10 +88,14 @@ def training_function(config: type | None = None,
     ``hydra.sweeper.metric`` is none of them is then refused before its trials start; None
     says nothing. ``streams``: the function reads data=parquet larger than
     data.stream_above_mb through ``ctx.stream()`` (its share, streamed) rather than
-    ``ctx.dataset()`` (the whole data in memory)."""
+    ``ctx.dataset()`` (the whole data in memory). ``warm_imports``: the modules each CPU
+    worker's process imports as it starts, before Ray places it (and each process kept ready
+    for a restart), instead of its backend's (torch: ``ray.train.torch`` and
+    ``torch._dynamo``); ``module:function`` also calls the function."""
 
     def mark(fn):
-        fn.__training_info__ = TrainingInfo(config, check, step_unit, streams, cluster)
+        warm = tuple(warm_imports) if warm_imports is not None else None
+        fn.__training_info__ = TrainingInfo(config, check, step_unit, streams, cluster, warm)
         return fn
 
     return mark

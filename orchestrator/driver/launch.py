@@ -227,7 +227,7 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
         # only the GPUs Ray gives that worker (orchestrator/worker/warm.py).
         worker_runtime_env=worker_runtime_env(
             worker_env(training.backend),
-            () if cfg.cluster.gpus_per_worker else training.backend.warm_imports,
+            () if cfg.cluster.gpus_per_worker else training.warm_imports,
             scaling.resources_per_worker.get("CPU", 1)),
         logging_config=train_logging(cfg.log.ray_verbose),
         callbacks=[FaultReporter(recorder)],

@@ -10,9 +10,10 @@ come from the driver (the recorder relays what workers have to say), so they sta
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ray.train import LoggingConfig
+if TYPE_CHECKING:
+    from ray.train import LoggingConfig
 
 RAY_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.data")
 
@@ -36,4 +37,7 @@ def quiet_ray_loggers(verbose: bool) -> None:
 
 def train_logging(verbose: bool) -> LoggingConfig:
     """Ray Train's controller and worker console logs (its log files keep every level)."""
+    # Imported here: the command starts Ray before it needs Ray Train (~0.5 s of imports)
+    from ray.train import LoggingConfig
+
     return LoggingConfig(log_level="INFO" if verbose else "WARNING")

@@ -30,6 +30,13 @@ class Training:
     config: dict  # cfg["trainer"], checked, with the schema's defaults filled in
     metrics: tuple[str, ...] | None = None  # what the run reports, as its check said (None: unknown)
 
+    @property
+    def warm_imports(self) -> tuple[str, ...]:
+        """What each CPU worker's process imports as it starts: the function's, else its
+        backend's (orchestrator/worker/warm.py)."""
+        own = self.info.warm_imports
+        return own if own is not None else self.backend.warm_imports
+
 
 def import_function(path: str) -> Callable:
     """``module:function`` (or ``module.function``) -> the function."""

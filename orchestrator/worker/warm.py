@@ -8,7 +8,11 @@ recovery here. In a run's first workers it is the import the backend's set-up an
 optimizer would do a moment later. Not on GPU workers: a process imports before Ray says which
 GPUs it gets, and a framework that started CUDA then would see them all. Not where the job has
 a setup hook of its own (`ray job submit` with worker_process_setup_hook): one variable holds
-one hook, and the user's runs. No framework named here: the driver passes the names.
+one hook, and the user's runs. No framework named here: the driver passes the names, the
+backend's (Backend.warm_imports) or the training function's own
+(``training_function(warm_imports=...)``); a name ``module:function`` calls the function once
+the module is imported (the PyTorch trainer's stand-in for torch._dynamo:
+trainers/pytorch/dynamo_stand_in.py).
 
 Before the import the hook sets OMP_NUM_THREADS as Ray would for the worker's CPUs (the
 node's own value first, else max(floor(cpus), 1)): Ray sets it only once the worker is placed,
@@ -37,8 +41,11 @@ def import_modules() -> None:
     if cpus and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(math.floor(float(cpus)), 1))
     for name in filter(None, os.environ.get(WARM_IMPORTS, "").split(",")):
+        module, _, function = name.partition(":")
         try:
-            importlib.import_module(name)
+            imported = importlib.import_module(module)
+            if function:  # module:function, called once imported
+                getattr(imported, function)()
         except Exception as exc:  # never the worker's failure: its own import says it clearly
             log.warning("could not import %s ahead: %s", name, exc)
 

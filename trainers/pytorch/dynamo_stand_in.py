@@ -1,23 +1,32 @@
-"""The driver's trial of the user's parts without importing torch._dynamo.
+"""The driver's trial of the user's parts, and the PyTorch trainer's workers, without
+importing torch._dynamo where nothing compiles.
 
-torch.optim imports torch._dynamo (about a CPU-second: the largest part of the trial, on the
-path from the command to the first step) only to mark its methods as not to be compiled: an
-optimizer's constructor (``add_param_group``) and every ``step`` call
-``torch._dynamo.disable`` and ``graph_break``. The trial never compiles, so a stand-in module
-takes torch._dynamo's place for it: its ``disable`` remembers what it was asked to mark, and
-its ``graph_break`` does nothing (as the real one does outside compiled code). The first use
-of anything else (a part that calls ``torch.compile``, sets ``torch._dynamo.config``, or
-imports one of its submodules) loads the real module, which takes over and marks what the
-stand-in had been asked to: from then on the process is as if the real module had been there
-from the start. After the trial no trace of the stand-in is left.
+torch.optim imports torch._dynamo (about a CPU-second a process: the largest part of the
+trial, and of a worker's start beside torch itself) only to mark its methods as not to be
+compiled: an optimizer's constructor (``add_param_group``) and every ``step`` call torch's
+lazy ``_disable_dynamo`` (``torch._dynamo.disable(fn, recursive, wrapping=False)``, cached on
+the function) and ``graph_break``. Without compiling, neither changes what runs, so a stand-in
+module takes torch._dynamo's place: for torch's lazy marks its ``disable`` remembers what it
+was asked to mark and gives the function back, and its ``graph_break`` does nothing (as the
+real one does outside compiled code). A worker's process also meets two questions: the
+process group's start clears ``trace_rules``' caches (nothing is cached before the real module
+exists) and DDP's constructor asks ``utils.get_optimize_ddp_mode()`` (the default of a config
+nothing has loaded, so nothing has changed). Any other use (a part that calls
+``torch.compile``, sets ``torch._dynamo.config``, imports one of its submodules, as DCP does;
+a ``torch._dynamo.disable`` of the user's own) loads the real module, which takes over and
+marks what the stand-in had been asked to: from then on the process is as if the real module
+had been there from the start.
 
-Only the driver's trial: a worker's DDP constructor asks torch._dynamo.utils for its mode, and
-DCP imports it, so every PyTorch worker needs the real one (imported ahead by Ray's setup hook:
-orchestrator/worker/warm.py).
+The trial leaves no trace of it. A worker of the PyTorch trainer keeps it for its life: its
+setup hook installs it once torch is imported (orchestrator/worker/warm.py,
+``training_function(warm_imports=...)`` in trainers/pytorch/train.py), and the trainer installs
+it where no hook ran (GPU workers). ``python scripts/bench.py fixed_cost`` measures the start.
 
 torch's internals in one place: tests/test_pytorch_tasks.py checks, in fresh interpreters,
 that the default parts' trial imports no torch._dynamo, that parts which compile (or import
-its submodules first) pass in one trial, and that what was marked is marked by the real module.
+its submodules first) pass in one trial, that what was marked is marked by the real module,
+and that a worker's process group, DDP, optimizers, scheduler and checkpoint leave the
+stand-in in place with the answers the real module gives.
 """
 
 from __future__ import annotations
@@ -43,12 +52,13 @@ class _StandIn(types.ModuleType):
         self.__path__ = list(spec.submodule_search_locations or [])  # a package, to importlib
         self._marked: list[tuple] = []  # (function, recursive): what disable was asked for
         self._real = None
+        self.trace_rules = _TraceRules(self)
+        self.utils = _Utils(self)
 
     def disable(self, fn=None, recursive=True, **kwargs):
-        if self._real is not None:
-            return self._real.disable(fn, recursive, **kwargs)
-        if fn is None:
-            return lambda f: self.disable(f, recursive, **kwargs)
+        # torch's lazy marks alone (wrapping=False); a user's own disable gets the real wrapper
+        if self._real is not None or fn is None or kwargs != {"wrapping": False}:
+            return self.load_real().disable(fn, recursive, **kwargs)
         self._marked.append((fn, recursive))
         return fn
 
@@ -90,6 +100,38 @@ class _StandIn(types.ModuleType):
             if fn.__dict__.get(MARK) is fn:
                 delattr(fn, MARK)
         self._marked.clear()
+
+
+class _Part:
+    """One of torch._dynamo's submodules as a worker's process asks it: the questions above
+    answered while the real module is not loaded, anything else asked of the real one."""
+
+    name = ""
+
+    def __init__(self, stand_in: _StandIn):
+        self._stand_in = stand_in
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(getattr(self._stand_in.load_real(), self.name), attr)
+
+
+class _TraceRules(_Part):
+    name = "trace_rules"
+
+    def clear_lru_cache(self) -> None:
+        if self._stand_in._real is not None:  # before it, nothing of it is cached
+            self._stand_in._real.trace_rules.clear_lru_cache()
+
+
+class _Utils(_Part):
+    name = "utils"
+
+    def get_optimize_ddp_mode(self) -> str:
+        if self._stand_in._real is not None:
+            return self._stand_in._real.utils.get_optimize_ddp_mode()
+        return "ddp_optimizer"  # config.optimize_ddp's default (True): no one loaded the config
 
 
 class _Loaded(importlib.abc.Loader):

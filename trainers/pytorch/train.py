@@ -21,8 +21,18 @@ def check_parts(cfg: dict) -> list[str] | None:
     return check(cfg)
 
 
-@training_function(config=PyTorchConfig, check=check_parts, streams=True)
+# A worker's process imports Ray Train's torch side as it starts, and stands a module in for
+# torch._dynamo (~1 CPU-s a process, which torch.optim and DDP import and use only to mark
+# what not to compile: trainers/pytorch/dynamo_stand_in.py).
+WARM_IMPORTS = ("ray.train.torch", "trainers.pytorch.dynamo_stand_in:install")
+
+
+@training_function(config=PyTorchConfig, check=check_parts, streams=True,
+                   warm_imports=WARM_IMPORTS)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
+    from trainers.pytorch.dynamo_stand_in import install
     from trainers.pytorch.loop import main as loop
+
+    install()  # where no setup hook did (GPU workers); nothing where torch._dynamo is loaded
 
     return loop(ctx, cfg)
