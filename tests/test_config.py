@@ -80,6 +80,10 @@ def test_every_option_composes_and_types(override):
         (["cluster.gpus_per_worker=inf"], "cluster.gpus_per_worker=inf"),
         (["trainer=null"], "trainer=null is not allowed: name one of its options"),
         (["hydra.job.chdir=true"], "hydra.job.chdir=true is not allowed"),
+        # Hydra's own keys were Hydra's error after the checks (exit 1, several lines)
+        (["hydra.foo=1"], "hydra.foo: unknown key (see `python -m orchestrator --cfg hydra`"),
+        (["hydra.job.name=x/y"], "hydra.job.name='x/y' is not allowed"),  # its log file's name
+        (["-m", "hydra.job.name=../x", "seed=0,1"], "hydra.job.name='../x' is not allowed"),
     ],
 )
 def test_bad_overrides_name_the_key(overrides, key):

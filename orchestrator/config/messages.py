@@ -36,7 +36,8 @@ def composition_error(exc: Exception, prefix: str = "") -> str:
         if parent.rpartition(".")[2] in OPEN_NODES:  # keys of the user's choosing: Hydra's +
             return (f"{key}: not in {parent} yet: a key of your own there is added with a "
                     f"leading +: +{key}=...")
-        return f"{key}: unknown key (see `python -m orchestrator --cfg job` for the keys)"
+        shown = "hydra" if (key or "").startswith("hydra.") else "job"
+        return f"{key}: unknown key (see `python -m orchestrator --cfg {shown}` for the keys)"
     return f"{key}: {one_line(cause)}" if key else one_line(exc)
 
 

@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.config.messages import as_config_error, composition_error
 from orchestrator.config.paths import resolve_paths
+from orchestrator.config.rules import require_path_name
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError, one_line
 
@@ -54,6 +55,10 @@ def split_command_line(argv: list[str]) -> tuple[list[str], bool] | None:
             overrides.append(arg)
         i += 1
     return overrides, multirun
+
+
+# Hydra's keys that take any folder: nothing to check by composing (the tests' commands set them)
+HYDRA_PATH_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.searchpath")
 
 
 def is_hydra_override(line: str) -> bool:
@@ -94,6 +99,12 @@ def check_command_line(argv: list[str], conf_dir: Path, before_parts=None) -> in
 
     searchpath = [o for o in overrides if o.startswith("hydra.searchpath=")]
     with initialize_config_dir(str(conf_dir), version_base="1.3", job_name="preflight"):
+        if not multirun and any(is_hydra_override(o) and o.lstrip("+~").split("=", 1)[0]
+                                not in HYDRA_PATH_KEYS for o in overrides):
+            # Hydra's own keys (a sweep's are checked with its search): a wrong one was
+            # Hydra's error after the checks, exit 1
+            own = compose_one(overrides, return_hydra_config=True).hydra
+            require_path_name("hydra.job.name", own.job.name)  # its log file's name
         trials, metric = sweep_trials(overrides) if multirun else \
             (expand_sweep(overrides, False), None)
         checked: dict[str, Training] = {}
@@ -153,6 +164,7 @@ def sweep_trials(overrides: list[str]) -> tuple[list[list[str]], str | None]:
     plain = [o for o in task if not parse(o).is_sweep_override()]
     hydra_overrides = [o for o in overrides if is_hydra_override(o)]
     base = compose_one(plain + hydra_overrides, return_hydra_config=True)
+    require_path_name("hydra.job.name", base.hydra.job.name)  # its log file's name
     sweeper = base.hydra.sweeper
     if sweeper.get("_target_") != SWEEPER_TARGET:
         return expand_sweep(task, True), None  # another sweeper (hydra/sweeper=basic): its own rules
