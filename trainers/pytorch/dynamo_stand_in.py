@@ -35,11 +35,13 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import threading
 import types
 from contextlib import contextmanager
 from importlib.machinery import ModuleSpec
 
 NAME = "torch._dynamo"
+_LOADING = threading.RLock()
 MARK = "__dynamo_disable"  # where torch caches what disable gave (a string: no name mangling)
 
 
@@ -56,11 +58,13 @@ class _StandIn(types.ModuleType):
         self.utils = _Utils(self)
 
     def disable(self, fn=None, recursive=True, **kwargs):
-        # torch's lazy marks alone (wrapping=False); a user's own disable gets the real wrapper
-        if self._real is not None or fn is None or kwargs != {"wrapping": False}:
-            return self.load_real().disable(fn, recursive, **kwargs)
-        self._marked.append((fn, recursive))
-        return fn
+        # torch's lazy marks alone (wrapping=False, once a function); a user's own disable
+        # gets the real wrapper
+        with _LOADING:
+            if self._real is None and fn is not None and kwargs == {"wrapping": False}:
+                self._marked.append((fn, recursive))
+                return fn
+        return self.load_real().disable(fn, recursive, **kwargs)
 
     def graph_break(self, *args, **kwargs) -> None:
         if self._real is not None:
@@ -72,12 +76,15 @@ class _StandIn(types.ModuleType):
         return getattr(self.load_real(), name)
 
     def load_real(self):
-        if self._real is None:
-            if sys.modules.get(NAME) is self:
-                del sys.modules[NAME]
-            self._real = importlib.import_module(NAME)
-            _remove_finder()
-            self._mark_for_real()
+        # A worker's threads (DCP's background save, the reader's) may ask at the same time
+        with _LOADING:
+            if self._real is None:
+                if sys.modules.get(NAME) is self:
+                    del sys.modules[NAME]
+                real = importlib.import_module(NAME)
+                _remove_finder()
+                self._real = real
+                self._mark_for_real()
         return self._real
 
     def _mark_for_real(self) -> None:
