@@ -93,6 +93,14 @@ def test_bad_overrides_name_the_key(overrides, key):
     assert key in message and "\n" not in message
 
 
+@pytest.mark.parametrize("overrides", [
+    ["hydra.job.name=my..job"], ["hydra.job.name=${hydra:runtime.choices.trainer}"],
+    ["-m", "hydra.job.name=${hydra:runtime.choices.trainer}", "seed=0,1"],
+    ["hydra.verbose=true", "hydra.run.dir=/tmp/x y"]])
+def test_hydra_keys_hydra_takes_are_taken(overrides):
+    check_command_line(overrides, CONF_DIR)
+
+
 @pytest.mark.parametrize("flag", [[], ["--multirun"]])
 def test_an_override_hydra_cannot_parse_is_named_with_the_quoting_that_fixes_it(flag):
     """A glob's brackets are Hydra's list syntax: the line names the override and shows it
@@ -105,6 +113,8 @@ def test_an_override_hydra_cannot_parse_is_named_with_the_quoting_that_fixes_it(
         "'data.path=\"data/part[01].parquet\"'")
     assert expand_sweep(['data.path="data/part[01].parquet"'], multirun=bool(flag)) == [
         ['data.path="data/part[01].parquet"']]
+    with pytest.raises(ConfigError, match="goes in quotes"):  # beside a key of Hydra's own
+        check_command_line([*flag, "seed=[1", "hydra.verbose=true"], CONF_DIR)
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", ".."])

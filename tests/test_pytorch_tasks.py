@@ -234,14 +234,23 @@ opt.state_dict()
 before = type(sys.modules["torch._dynamo"]).__name__
 fns = [f.__wrapped__ for f in (torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad,
                                torch.optim.Optimizer.state_dict)]
-raw = [f.__dict__.get("__dynamo_disable") is f for f in fns]
+raw = [type(f.__dict__.get("__dynamo_disable")).__name__ == "_Mark" for f in fns]
+# torch caches a mark only once disable returned: another thread may load the real module
+# in between (a mark cached late hands over at its next call)
+def late(x):
+    return x + 1
+late_mark = stand_in.disable(late, True, wrapping=False)
 config = importlib.import_module("torch._dynamo.config")  # as DCP and torch.export do
 real = sys.modules["torch._dynamo"]
-after = [f.__dict__.get("__dynamo_disable") for f in fns]
+late.__dynamo_disable = late_mark
+late_result = late_mark(1)
+after = [f.__dict__.get("__dynamo_disable") for f in fns + [late]]
 compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
 print(json.dumps({{"before": before, "raw_marks": raw, "after": type(real).__name__,
     "same_config": config is real.config and sys.modules["torch._dynamo.config"] is config,
-    "marked_by_real": [m is not None and m is not f for m, f in zip(after, fns)],
+    "late_result": late_result,
+    "marked_by_real": [m is not None and m is not f and type(m).__name__ != "_Mark"
+                       for m, f in zip(after, fns + [late])],
     "compiled": compiled(torch.ones(2)).tolist(), "finder_left": len([
         f for f in sys.meta_path if type(f).__name__ == "_RealForSubmodules"])}}))
 """
@@ -262,7 +271,7 @@ def test_the_stand_in_hands_over_to_the_real_dynamo_as_if_it_had_been_there():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["before"] == "_StandIn" and result["raw_marks"] == [True, True, True]
     assert result["after"] == "module" and result["same_config"]
-    assert result["marked_by_real"] == [True, True, True]
+    assert result["marked_by_real"] == [True, True, True, True] and result["late_result"] == 2
     assert result["compiled"] == [3.0, 3.0] and result["finder_left"] == 0
 
 
@@ -298,7 +307,10 @@ def own(x):
     return x
 wrapped = torch._dynamo.disable(own)  # a user's own disable: the real module's wrapper
 real = sys.modules["torch._dynamo"]
+marks = [f.__wrapped__.__dict__.get("__dynamo_disable") for f in (
+    torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad)]
 print(json.dumps({{"kept": kept, "after_loop": after_loop, "steps": len(ctx.reports),
+    "marks_handed_over": [m is not None and type(m).__name__ != "_Mark" for m in marks],
     "python_reducer": model._use_python_reducer, "real": type(real).__name__,
     "real_mode": real.utils.get_optimize_ddp_mode(), "own_wrapped": wrapped is not own}}))
 """
@@ -322,6 +334,7 @@ def test_a_pytorch_workers_process_group_ddp_and_steps_import_no_dynamo():
     assert result["kept"] == "_StandIn" and result["after_loop"] == "_StandIn", result
     assert result["steps"] == 3
     assert result["real"] == "module" and result["own_wrapped"]
+    assert result["marks_handed_over"] == [True, True]  # torch's marks, now the real module's
     assert result["real_mode"] == "ddp_optimizer" and result["python_reducer"] is False
 
 

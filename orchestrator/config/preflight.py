@@ -17,7 +17,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.config.messages import as_config_error, composition_error
 from orchestrator.config.paths import resolve_paths
-from orchestrator.config.rules import require_path_name
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError, one_line
 
@@ -61,6 +60,20 @@ def split_command_line(argv: list[str]) -> tuple[list[str], bool] | None:
 HYDRA_PATH_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.searchpath")
 
 
+def check_job_name(overrides: list[str]) -> None:
+    """hydra.job.name names the run's log file (<name>.log in its output folder): one file
+    name. A value with an interpolation is left to Hydra (it resolves it at the run)."""
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        value = value.strip().strip("'\"")
+        if key == "hydra.job.name" and "${" not in value:
+            ok = (value not in ("", ".", "..") and not any(c in value for c in "/\\")
+                  and all(ord(c) >= 32 and c != "\x7f" for c in value))
+            if not ok:
+                raise ConfigError(f"hydra.job.name={value!r} is not allowed: a file name (the "
+                                  "run's log file), without '/', '\\' or control characters")
+
+
 def is_hydra_override(line: str) -> bool:
     return re.match(r"^[+~]*hydra[./]", line) is not None
 
@@ -99,14 +112,14 @@ def check_command_line(argv: list[str], conf_dir: Path, before_parts=None) -> in
 
     searchpath = [o for o in overrides if o.startswith("hydra.searchpath=")]
     with initialize_config_dir(str(conf_dir), version_base="1.3", job_name="preflight"):
+        trials, metric = sweep_trials(overrides) if multirun else \
+            (expand_sweep(overrides, False), None)
         if not multirun and any(is_hydra_override(o) and o.lstrip("+~").split("=", 1)[0]
                                 not in HYDRA_PATH_KEYS for o in overrides):
             # Hydra's own keys (a sweep's are checked with its search): a wrong one was
             # Hydra's error after the checks, exit 1
-            own = compose_one(overrides, return_hydra_config=True).hydra
-            require_path_name("hydra.job.name", own.job.name)  # its log file's name
-        trials, metric = sweep_trials(overrides) if multirun else \
-            (expand_sweep(overrides, False), None)
+            compose_one(overrides, return_hydra_config=True)
+        check_job_name(overrides)
         checked: dict[str, Training] = {}
         for trial in trials:
             cfg = compose_one(trial + searchpath)
@@ -164,7 +177,6 @@ def sweep_trials(overrides: list[str]) -> tuple[list[list[str]], str | None]:
     plain = [o for o in task if not parse(o).is_sweep_override()]
     hydra_overrides = [o for o in overrides if is_hydra_override(o)]
     base = compose_one(plain + hydra_overrides, return_hydra_config=True)
-    require_path_name("hydra.job.name", base.hydra.job.name)  # its log file's name
     sweeper = base.hydra.sweeper
     if sweeper.get("_target_") != SWEEPER_TARGET:
         return expand_sweep(task, True), None  # another sweeper (hydra/sweeper=basic): its own rules

@@ -119,7 +119,9 @@ def check_parts(cfg: dict) -> list[str] | None:
         except Exception:
             if not stood_in:
                 raise
-        return trial(cfg)  # as the workers will run it, for the error they would meet
+        # With the real module, for the error it gives. The trainer's workers run with the
+        # stand-in too: a part that failed only with it would fail there (none is known).
+        return trial(cfg)
 
 
 def trial(cfg: dict) -> list[str] | None:

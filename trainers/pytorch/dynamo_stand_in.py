@@ -6,9 +6,9 @@ trial, and of a worker's start beside torch itself) only to mark its methods as 
 compiled: an optimizer's constructor (``add_param_group``) and every ``step`` call torch's
 lazy ``_disable_dynamo`` (``torch._dynamo.disable(fn, recursive, wrapping=False)``, cached on
 the function) and ``graph_break``. Without compiling, neither changes what runs, so a stand-in
-module takes torch._dynamo's place: for torch's lazy marks its ``disable`` remembers what it
-was asked to mark and gives the function back, and its ``graph_break`` does nothing (as the
-real one does outside compiled code). A worker's process also meets two questions: the
+module takes torch._dynamo's place: for torch's lazy marks its ``disable`` gives back a mark
+that calls the function (the real module's disable of it once that is loaded), and its
+``graph_break`` does nothing (as the real one does outside compiled code). A worker's process also meets two questions: the
 process group's start clears ``trace_rules``' caches (nothing is cached before the real module
 exists) and DDP's constructor asks ``utils.get_optimize_ddp_mode()`` (the default of a config
 nothing has loaded, so nothing has changed). Any other use (a part that calls
@@ -52,7 +52,7 @@ class _StandIn(types.ModuleType):
         super().__init__(NAME)
         self.__spec__ = spec
         self.__path__ = list(spec.submodule_search_locations or [])  # a package, to importlib
-        self._marked: list[tuple] = []  # (function, recursive): what disable was asked for
+        self._marked: list[_Mark] = []  # what disable was asked for
         self._real = None
         self.trace_rules = _TraceRules(self)
         self.utils = _Utils(self)
@@ -62,8 +62,9 @@ class _StandIn(types.ModuleType):
         # gets the real wrapper
         with _LOADING:
             if self._real is None and fn is not None and kwargs == {"wrapping": False}:
-                self._marked.append((fn, recursive))
-                return fn
+                mark = _Mark(self, fn, recursive)
+                self._marked.append(mark)
+                return mark
         return self.load_real().disable(fn, recursive, **kwargs)
 
     def graph_break(self, *args, **kwargs) -> None:
@@ -76,24 +77,21 @@ class _StandIn(types.ModuleType):
         return getattr(self.load_real(), name)
 
     def load_real(self):
-        # A worker's threads (DCP's background save, the reader's) may ask at the same time
-        with _LOADING:
-            if self._real is None:
+        if self._real is None:
+            with _LOADING:  # two threads: one takes the stand-in out of sys.modules
                 if sys.modules.get(NAME) is self:
                     del sys.modules[NAME]
-                real = importlib.import_module(NAME)
-                _remove_finder()
-                self._real = real
-                self._mark_for_real()
+            # Not under the lock: the real package's imports take module locks a thread
+            # waiting for it may hold (import machinery serialises the import itself)
+            real = importlib.import_module(NAME)
+            with _LOADING:
+                if self._real is None:
+                    _remove_finder()
+                    self._real = real
+                marks, self._marked = self._marked, []
+            for mark in marks:  # torch's cache of each: the real module's disable from now on
+                mark.hand_over()
         return self._real
-
-    def _mark_for_real(self) -> None:
-        """What torch cached from our disable (the function itself) becomes what the real
-        one gives, as if it had been there when torch asked."""
-        for fn, recursive in self._marked:
-            if fn.__dict__.get(MARK) is fn:
-                setattr(fn, MARK, self._real.disable(fn, recursive, wrapping=False))
-        self._marked.clear()
 
     def forget(self) -> None:
         """Leave the process as if this module had never been there."""
@@ -103,10 +101,33 @@ class _StandIn(types.ModuleType):
         torch = sys.modules.get("torch")
         if torch is not None and torch.__dict__.get("_dynamo") is self:
             delattr(torch, "_dynamo")
-        for fn, _ in self._marked:
-            if fn.__dict__.get(MARK) is fn:
-                delattr(fn, MARK)
+        for mark in self._marked:
+            if mark.fn.__dict__.get(MARK) is mark:
+                delattr(mark.fn, MARK)
         self._marked.clear()
+
+
+class _Mark:
+    """What the stand-in's disable gives torch for one of its functions, which torch caches on
+    the function (``MARK``) and calls in its place: the function itself while the real module
+    is not loaded; from then on the real module's disable of it, which also replaces this in
+    torch's cache, at the hand-over or, where torch cached this only after it (another thread
+    loaded the real module meanwhile), at its next call."""
+
+    def __init__(self, stand_in: _StandIn, fn, recursive: bool):
+        self.stand_in, self.fn, self.recursive = stand_in, fn, recursive
+
+    def __call__(self, *args, **kwargs):
+        if self.stand_in._real is None:
+            return self.fn(*args, **kwargs)
+        return self.hand_over()(*args, **kwargs)
+
+    def hand_over(self):
+        """The real module's disable of the function, put in torch's cache in place of this."""
+        real = self.stand_in._real.disable(self.fn, self.recursive, wrapping=False)
+        if self.fn.__dict__.get(MARK) is self:
+            setattr(self.fn, MARK, real)
+        return real
 
 
 class _Part:
@@ -118,9 +139,7 @@ class _Part:
     def __init__(self, stand_in: _StandIn):
         self._stand_in = stand_in
 
-    def __getattr__(self, attr: str):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
+    def __getattr__(self, attr: str):  # anything else, __name__ and __file__ too: the real one's
         return getattr(getattr(self._stand_in.load_real(), self.name), attr)
 
 
