@@ -100,6 +100,24 @@ def test_ranks_failing_alike_in_one_group_are_not_a_repeat():
     assert rec.worker_error(same[0]).permanent and rec.permanent_error.startswith("worker rank 1")
 
 
+def test_the_last_groups_failures_of_a_failed_run_say_they_were_not_retried():
+    """A failure judged worth a retry in the group that ended a failed run (its restarts used
+    up) is recorded as not retried; those before it were retried."""
+    from orchestrator.driver.failure_policy import WorkerError
+
+    rec = RunRecord("r", "ddp", {"failure": {"max_restarts": 1}}, "/ck")
+    for attempt, step in ((1, 10), (2, 20)):
+        for rank in (0, 1):
+            rec.worker_started(rank, 100 * attempt + rank, "node")
+        rec.group_started(2, 0, float(attempt))  # the second: a restart
+        rec.worker_error(WorkerError(1, step, "RuntimeError", f"lost at {step}", "tb"))
+    rec.finish("failed", "training failed", 2.0)
+    first, last = (f["decision"] for f in rec.failures)
+    assert first == "RETRY, since RuntimeError at step 10 is new"
+    assert last == ("NOT RETRIED, since all 1 restarts of failure.max_restarts were used "
+                    "(RuntimeError at step 20: new)"), last
+
+
 def test_a_repeat_is_counted_in_attempts_not_in_ranks():
     """Two attempts whose two ranks each failed alike: "2 times", not 3 (measured on a GPU:
     both ranks of each attempt raised the same NCCL error)."""

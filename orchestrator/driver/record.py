@@ -215,6 +215,23 @@ class RunRecord:
         self.status = status
         self.error = error
         self.wall_s = round(at - self.started_at, 3)
+        if status == "failed":
+            self._not_retried()
+
+    def _not_retried(self) -> None:
+        """A failed run's last worker group was not replaced: its failures judged worth a
+        retry say they were not retried (RETRY read as if a restart had followed)."""
+        if not self._errors or len(self._errors) != len(self.failures):
+            return  # a record read back from run.json: the groups are not known
+        last = max(group for group, _ in self._errors)
+        allowed = (self.config.get("failure") or {}).get("max_restarts") \
+            if isinstance(self.config, dict) else None
+        why = (f"all {allowed} restarts of failure.max_restarts were used"
+               if isinstance(allowed, int) and self.restarts >= allowed else "the run stopped")
+        for entry, (group, _) in zip(self.failures, self._errors, strict=True):
+            if group == last and entry["decision"].startswith("RETRY, since "):
+                new = entry["decision"].removeprefix("RETRY, since ").removesuffix(" is new")
+                entry["decision"] = f"NOT RETRIED, since {why} ({new}: new)"
 
     # -- output ------------------------------------------------------------------------
     def to_dict(self) -> dict:
