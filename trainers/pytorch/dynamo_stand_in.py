@@ -8,10 +8,11 @@ lazy ``_disable_dynamo`` (``torch._dynamo.disable(fn, recursive, wrapping=False)
 the function) and ``graph_break``. Without compiling, neither changes what runs, so a stand-in
 module takes torch._dynamo's place: for torch's lazy marks its ``disable`` gives back a mark
 that calls the function (the real module's disable of it once that is loaded), and its
-``graph_break`` does nothing (as the real one does outside compiled code). A worker's process also meets two questions: the
-process group's start clears ``trace_rules``' caches (nothing is cached before the real module
-exists) and DDP's constructor asks ``utils.get_optimize_ddp_mode()`` (the default of a config
-nothing has loaded, so nothing has changed). Any other use (a part that calls
+``graph_break`` does nothing (as the real one does outside compiled code). A worker's process
+also meets two questions: the process group's start clears ``trace_rules``' caches (nothing is
+cached before the real module exists) and DDP's constructor asks
+``utils.get_optimize_ddp_mode()`` (the default of a config nothing has loaded, so nothing has
+changed). Any other use (a part that calls
 ``torch.compile``, sets ``torch._dynamo.config``, imports one of its submodules, as DCP does;
 a ``torch._dynamo.disable`` of the user's own) loads the real module, which takes over and
 marks what the stand-in had been asked to: from then on the process is as if the real module
