@@ -201,8 +201,11 @@ def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_and_script
     notice = assert_saved_at_the_notice(rec, out)
     assert notice["nodes"] == [node_ids[0]]
     # The notice came from the watcher in each run's controller (ray_internals/
-    # preemption_watch.py): no run of this cluster started Ray Train's watcher actor.
+    # preemption_watch.py): no run of this cluster started Ray Train's watcher actor; and the
+    # ranks agreed on it (other nodes' workers) at the barrier each controller holds
+    # (controller_barrier.py): none started Ray Train's synchronization actor either.
     assert actors_of_class(head, "TrainController") and not actors_of_class(head, "PreemptionWatcher")
+    assert not actors_of_class(head, "SynchronizationActor")
     assert rec["trainer"] == "function" and rec["metrics"]["accuracy"] > 0.9
     assert all(w["node"] != node_ids[0] for w in rec["workers"])  # the restart avoided it
 

@@ -719,7 +719,7 @@ trainer = DataParallelTrainer(
                          worker_runtime_env=worker_runtime_env({"WORKER_VAR": "2"}, (), 0.1)))
 without_unneeded_actors(trainer, keep_cleaner=False)  # as a command's run
 without_autoscaling_requests(trainer)
-with_workers_started_ahead(trainer)
+with_workers_started_ahead(trainer, False)
 trainer.fit()
 actual = {a["class"]: a["runtime_env"] for a in actors_started_since(0)}
 print(json.dumps({"asked": sorted(asked),
@@ -765,7 +765,7 @@ def watched(self, *args, **kwargs):
 
 ray_node.Node.start_raylet = watched
 port = int(sys.argv[1])
-with head_start.embedded_head(log_monitor=False):
+with head_start.embedded_head(log_monitor=False, monitor=False):
     context = ray.init(address="local", num_cpus=1, include_dashboard=True,
                        dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False)
 node = ray._private.worker._global_node
@@ -794,7 +794,7 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
     """head_start.py: the raylet starts while the dashboard is still starting, with the
     address the dashboard then publishes (the one ray.init returns, handed to its workers);
     the dashboard outlives the thread that started it, answers there, and ends with Ray. No
-    log monitor was asked for, and none started."""
+    log monitor or autoscaler monitor was asked for, and neither started."""
     import subprocess
     import sys
 
@@ -809,4 +809,78 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
     assert seen["published_at_raylet_start"] is None, seen
     assert seen["url"] == f"127.0.0.1:{port}" and seen["raylet_webui"] == [f"127.0.0.1:{port}"]
     assert seen["http"] in (200, 401) and seen["dashboard_ended_with_ray"], seen
-    assert "log_monitor" not in seen["started"] and "raylet" in seen["started"], seen
+    assert "raylet" in seen["started"], seen
+    assert "log_monitor" not in seen["started"] and "monitor" not in seen["started"], seen
+
+
+BARRIER_IN_CONTROLLER_CHECK = r"""
+import json, sys, time
+import ray
+from ray.train.v2.api import data_parallel_trainer
+from orchestrator.ray_internals import controller_barrier
+
+ray.init(address=sys.argv[1], logging_level="ERROR")
+seen = {"swapped": controller_barrier.with_barrier_in_controller(),
+        "controller_class": data_parallel_trainer.TrainController.__module__,
+        "barrier_class": controller_barrier._Barrier.__name__}
+
+@ray.remote(num_cpus=0)
+class Controller:  # the calls Ray Train's controller makes, from its event loop
+    barrier_call = controller_barrier.TrainController.barrier_call
+
+    async def start_group(self):
+        from ray.train.v2._internal.execution.worker_group import worker_group
+        controller_barrier._in_this_class = True
+        return worker_group.SynchronizationActor.options(label_selector={}).remote(
+            timeout_s=60, warn_interval_s=60)
+
+    async def relax(self, barrier):  # a preemption's: a ray.get on the loop the call needs
+        return ray.get(barrier.set_required_ranks.remote([0, 1]))
+
+    async def shut_down(self, barrier):
+        from ray.train.v2._internal.execution.worker_group import state
+        state._shutdown_sync_actor(barrier)
+
+@ray.remote(num_cpus=0)
+def rank(barrier, r, world):
+    try:
+        return ray.get(barrier.broadcast_from_rank_zero.remote(
+            world_rank=r, world_size=world, data=f"from {r}", caller_method_name="check"))
+    except Exception as exc:
+        return type(exc).__name__
+
+controller = Controller.remote()
+barrier = ray.get(controller.start_group.remote())
+seen["handle"] = type(barrier).__name__
+seen["agreed"] = ray.get([rank.remote(barrier, r, 2) for r in range(2)])
+seen["relaxed"] = ray.get(controller.relax.remote(barrier), timeout=60)
+alone = rank.remote(barrier, 1, 2)  # waits for rank 0, which never comes
+time.sleep(1)
+ray.get(controller.shut_down.remote(barrier))
+seen["waiter_at_shutdown"] = ray.get(alone, timeout=60)
+seen["after_shutdown"] = ray.get(rank.remote(barrier, 0, 1), timeout=60)
+print(json.dumps(seen))
+"""
+
+
+def test_a_worker_groups_barrier_lives_in_its_controller_and_ends_with_the_group(ray_head):
+    """controller_barrier.py, against the installed Ray Train: fit() starts the subclass, the
+    worker group's SynchronizationActor.options().remote() makes a barrier in the controller
+    (Ray's own class), the ranks agree through it with rank 0's value, the controller's own
+    call from its event loop answers (no wait on that loop), and the group's shutdown releases
+    a rank still waiting, as killing Ray's actor would, and refuses later calls."""
+    import subprocess
+    import sys
+
+    from scripts.local_cluster import node_env
+
+    done = subprocess.run([sys.executable, "-c", BARRIER_IN_CONTROLLER_CHECK, ray_head.address],
+                          capture_output=True, text=True, env=node_env(), timeout=300,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["swapped"] and seen["controller_class"].endswith("controller_barrier"), seen
+    assert seen["barrier_class"] == "SynchronizationActor" and seen["handle"] == "HostedBarrier"
+    assert seen["agreed"] == ["from 0", "from 0"] and seen["relaxed"] is True, seen
+    assert "SynchronizationBarrierResetError" in seen["waiter_at_shutdown"], seen
+    assert "SynchronizationBarrierResetError" in seen["after_shutdown"], seen

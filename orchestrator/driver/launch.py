@@ -37,6 +37,7 @@ from orchestrator.observe.progress import ProgressWatcher, make_display, metric_
 from orchestrator.ray_internals.train_hooks import (
     hooks_missing,
     interrupted_by_ctrl_c,
+    with_barrier_in_controller,
     with_permanent_errors_raised,
     with_workers_started_ahead,
     without_autoscaling_requests,
@@ -177,10 +178,11 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     # A sweep's trial, a service's command (a job that outlives the run) keeps the cleaner:
     # an early-stopped trial's workers must give their CPUs back to the next trials.
     without_unneeded_actors(ray_trainer, keep_cleaner=session.outlives_run)
+    barrier_in_controller = with_barrier_in_controller()
     if not session.joined and not cfg.cluster.elastic:  # no autoscaler, nothing to grow into
         without_autoscaling_requests(ray_trainer)
         if not session.outlives_run:  # one node, a job that ends with the run
-            with_workers_started_ahead(ray_trainer)
+            with_workers_started_ahead(ray_trainer, barrier_in_controller)
     with_permanent_errors_raised(ray_trainer, recorder)
     controller = interrupted_by_ctrl_c(ray_trainer)
     for problem in hooks_missing(ray_trainer):  # after a Ray upgrade (ray_internals/)

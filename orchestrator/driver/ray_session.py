@@ -199,9 +199,10 @@ class RaySession:
         else:
             adopt_orphans()  # what Ray starts stays ours to stop, whatever dies first
             # The workers' output is streamed only where it is shown (a service serves only
-            # commands of its own log.ray_verbose).
+            # commands of its own log.ray_verbose); the autoscaler's monitor only for a
+            # service's head, which users may inspect with `ray status` (head_start.py).
             try:
-                with embedded_head(log_monitor=self.verbose):
+                with embedded_head(log_monitor=self.verbose, monitor=self.keep_open):
                     context = self.start(
                         address="local",  # a new instance, even if a stale `ray start` left its address
                         num_cpus=c.num_cpus or os.cpu_count(),

@@ -21,9 +21,12 @@
 - process_starts.py: Ray's own process starts, closed to a thread whose Ray a command abandoned;
 - head_start.py: an embedded head's dashboard started beside its raylet (Ray's node starts
   them in turn), with the address the command chose for it; its log monitor left out where
-  nothing reads it;
+  nothing reads it, its autoscaler monitor where nothing can be autoscaled;
 - preemption_watch.py: Ray Train's preemption watcher, run as a thread of its controller
   instead of an actor process per worker group;
+- controller_barrier.py (and barrier_handle.py, what the workers hold): Ray Train's
+  synchronization barrier kept in its controller's process, instead of an actor process per
+  worker group (its controller class swapped for a subclass that holds the barriers);
 - failure_decisions.py: Ray Train's failure policy, made to stop at once on a worker error
   the run judged permanent (instead of starting one more worker group first);
 - scaling.py: Ray Train's fixed-size scaling policy without autoscaler requests (an embedded

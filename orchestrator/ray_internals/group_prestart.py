@@ -1,8 +1,8 @@
 """A run's first worker group's processes started beside Ray Train's controller, not after it.
 
 fit() starts Ray Train's controller (a process importing Ray and Ray Train: ~1.5 s on 2 cores),
-which then asks for its worker group: a synchronization actor and one actor per worker, each a
-new process (the workers' setup hook imports the framework: ~3 s of wall time here,
+which then asks for its worker group: one actor per worker (and a synchronization actor
+where its barrier is not kept in the controller, controller_barrier.py), each a new process (the workers' setup hook imports the framework: ~3 s of wall time here,
 orchestrator/worker/warm.py). As soon as the controller's process has started, the driver asks
 this node's raylet for those processes itself (prestart.py), with the runtime environments Ray
 will give them, as the raylet's startup slots allow (it starts at most its node's CPU count of

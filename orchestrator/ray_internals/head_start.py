@@ -1,5 +1,6 @@
 """How ray.init starts a head the command starts itself (an embedded cluster): its dashboard
-beside its raylet instead of before it, and no log monitor where nothing reads what it sends.
+beside its raylet instead of before it, no log monitor where nothing reads what it sends, and
+no autoscaler monitor where nothing can be autoscaled.
 
 ray.init starts a head's processes in turn: the GCS, the autoscaler monitor, the dashboard,
 then the log monitor and the raylet, and it waits for the dashboard to publish its address
@@ -15,6 +16,12 @@ Ray asks the kernel to kill a process when the thread that started it ends
 The log monitor sends the workers' output to drivers that ask for it (ray.init's
 log_to_driver); a command that does not (log.ray_verbose=false) need not start it
 (~0.45 CPU-s).
+
+The autoscaler monitor (monitor.py) of a head started without an autoscaling config has no
+nodes to add or remove: it reports the cluster's load for `ray status` and the dashboard's
+autoscaler panel, and costs ~0.5 CPU-s while the command starts (Ray's idle monitor also holds
+its shutdown 1 s: cluster.stop_autoscaler_monitor). A command's own head starts without one;
+a service's head, which users may inspect with `ray status` for hours, keeps it.
 """
 from __future__ import annotations
 
@@ -72,6 +79,8 @@ def _start_api_server(self: ray_node.Node, *, include_dashboard, raise_on_failur
 def _node_init(self: ray_node.Node, ray_params, *args, **kwargs):
     if getattr(_enabled, "on", False) and not _enabled.log_monitor:
         ray_params.include_log_monitor = False  # kept: Ray sets it only where it is None
+    if getattr(_enabled, "on", False) and not _enabled.monitor:
+        ray_params.no_monitor = True
     _ray_node_init(self, ray_params, *args, **kwargs)
     start: _DashboardStart | None = getattr(self, "_orchestrator_dashboard_start", None)
     if start is None:
@@ -83,10 +92,11 @@ def _node_init(self: ray_node.Node, ray_params, *args, **kwargs):
 
 
 @contextlib.contextmanager
-def embedded_head(log_monitor: bool):
+def embedded_head(log_monitor: bool, monitor: bool = True):
     """For a ray.init in this thread that starts a head (a dashboard with a chosen port starts
-    beside the raylet); ``log_monitor``: whether the head starts one."""
-    _enabled.on, _enabled.log_monitor = True, log_monitor
+    beside the raylet); ``log_monitor``, ``monitor``: whether the head starts its log monitor,
+    its autoscaler monitor."""
+    _enabled.on, _enabled.log_monitor, _enabled.monitor = True, log_monitor, monitor
     try:
         yield
     finally:

@@ -1,8 +1,8 @@
 """Processes kept ready for a service's next command (orchestrator/service/): Ray's private
 actor table and the raylet's PrestartWorkers call.
 
-Each command starts its actors (the run's recorder, Ray Train's controller and its
-synchronization actor, the training workers) in new processes: Python, Ray and the worker's
+Each command starts its actors (the run's recorder, Ray Train's controller, the training
+workers) in new processes: Python, Ray and the worker's
 framework imported, ~5 of a warm command's ~9 s on 2 cores. A service's job outlives its
 commands, so after each command it asks this node's raylet for idle processes like the ones
 the command's actors ran in (their runtime environments, as the GCS actor table records them),

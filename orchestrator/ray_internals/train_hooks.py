@@ -165,7 +165,18 @@ def without_autoscaling_requests(ray_trainer) -> None:
     ray_trainer._initialize_and_run_controller = initialize_and_run_controller
 
 
-def with_workers_started_ahead(ray_trainer) -> None:
+def with_barrier_in_controller() -> bool:
+    """Ray Train's worker groups keep their synchronization barrier in the controller's process
+    instead of an actor each (ray_internals/controller_barrier.py). False where a Ray upgrade
+    moved what that needs: its actor then starts as before."""
+    try:
+        from orchestrator.ray_internals import controller_barrier
+    except ImportError:
+        return False
+    return controller_barrier.with_barrier_in_controller()
+
+
+def with_workers_started_ahead(ray_trainer, barrier_in_controller: bool) -> None:
     """The first worker group's processes start as soon as the controller's has, beside its
     set-up (ray_internals/group_prestart.py): for a fixed-size run on an embedded cluster (one
     node, a job that ends with the run). A private hook, and Ray's runtime environments
@@ -190,8 +201,10 @@ def with_workers_started_ahead(ray_trainer) -> None:
             ray.get_runtime_context().get_runtime_env_string(),
             ray_trainer.run_config.worker_runtime_env or {})
         slots = max(1, int(cluster.get("CPU", 1)))  # the raylet's startup concurrency
-        # The workers first (each imports its framework), then the synchronization actor.
-        prestart_beside_controller([(worker, workers), (controller, 1)], slots)
+        # The workers first (each imports its framework), then the synchronization actor,
+        # where the group starts one.
+        barrier = [] if barrier_in_controller else [(controller, 1)]
+        prestart_beside_controller([(worker, workers), *barrier], slots)
 
     def initialize_and_run_controller(**kwargs):
         # The environment as fit() leaves it right before it starts the controller (its
@@ -246,6 +259,16 @@ def hooks_missing(ray_trainer) -> list[str]:
         missing.append("Ray Train's default-callback hook (_create_default_callbacks) is gone: "
                        "its DatasetManager and PlacementGroupCleaner actors start on every run, "
                        "its PreemptionWatcher actor on every worker group's start")
+    try:
+        from orchestrator.ray_internals import controller_barrier
+
+        barrier_here = controller_barrier.installed()
+    except ImportError:
+        barrier_here = False
+    if not barrier_here:
+        missing.append("Ray Train's synchronization actor can no longer be kept in its "
+                       "controller (ray_internals/controller_barrier.py): one starts with "
+                       "every worker group")
     if not callable(getattr(trainer_class, "_initialize_and_run_controller", None)):
         missing.append("Ray Train's controller hook (_initialize_and_run_controller) is gone: "
                        "its AutoscalingCoordinator actor starts on every run, and a permanent "

@@ -3,7 +3,7 @@
 
 A short command spends most of its time starting processes: the driver's Python, Hydra and
 torch, Ray's start, and a new process for each of the run's actors (recorder, Ray Train's
-controller and synchronization actor, the workers with torch imported). With
+controller, the workers with torch imported). With
 cluster.keep_alive, the first command starts a service (a detached process, one per user and
 Python) that runs it; each later command with the key hands itself to the service (the
 command line, folder, environment and terminal: client.py) and the service runs it in its own

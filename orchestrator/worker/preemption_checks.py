@@ -1,7 +1,7 @@
 """When the workers next agree on preemption notices: about every `every_s` seconds.
 
-Agreeing is a barrier through Ray Train's synchronization actor (a few milliseconds on a
-small machine): every 10 steps of a 5 ms step it cost 10-15% of DDP's throughput. Every rank
+Agreeing is a barrier through Ray Train's synchronization barrier, kept in its controller
+(orchestrator/ray_internals/controller_barrier.py; a few milliseconds on a small machine): every 10 steps of a 5 ms step it cost 10-15% of DDP's throughput. Every rank
 must check at the same steps, so rank 0 times the steps since the last check and proposes the
 next one; the proposal is broadcast at each check, so all ranks keep the same schedule.
 """

@@ -1,0 +1,151 @@
+"""Ray Train's synchronization barrier kept in its controller's process, not an actor per group.
+
+Ray Train 2.60 starts a SynchronizationActor for every worker group, a restart's included: a
+process importing Ray and Ray Train, ~1.4 CPU-s here (`scripts/bench.py fixed_cost`'s CPU
+profile), on the cores the group's workers are starting on. What it holds is a barrier (an
+asyncio condition and rank 0's value of the collective in progress), called by the workers at
+each collective (ray.train.collective, get_preemption_info, report) and by the controller at a
+preemption (set_required_ranks) and a replica group's replacement (reset). Here Ray's own class
+runs in the controller's process instead: a barrier per worker group, as Ray's, reached
+through the controller's actor handle (the controller is an async actor: the workers' calls
+wait there without holding anything).
+
+The barriers run on an event loop thread of their own, not the controller's: the controller's
+loop blocks in ray.get while it polls its workers, and its own calls to a barrier are made
+from that loop (a ray.get of what the call returns). The controller class Ray Train starts is
+swapped for a subclass that holds them (``with_barrier_in_controller``, a private module global
+of Ray's); where the swap is missing, Ray's actor starts as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import ray
+from ray.train.v2._internal.execution.checkpoint.sync_actor import (
+    SynchronizationActor,
+    SynchronizationBarrierResetError,
+)
+from ray.train.v2._internal.execution.controller import controller as controller_module
+from ray.train.v2._internal.execution.worker_group import state as group_state
+from ray.train.v2._internal.execution.worker_group import worker_group as group_module
+
+from orchestrator.ray_internals import barrier_handle
+from orchestrator.ray_internals.barrier_handle import HostedBarrier
+
+RaySynchronizationActor = SynchronizationActor
+_Barrier = SynchronizationActor.__ray_metadata__.modified_class.__bases__[0]  # the class Ray runs
+_ray_shutdown_sync_actor = group_state._shutdown_sync_actor
+
+
+class _Host:
+    """This controller's worker groups' barriers, on a loop thread of their own."""
+
+    def __init__(self) -> None:
+        self.handle = ray.get_runtime_context().current_actor
+        self.loop = asyncio.new_event_loop()
+        self.barriers: dict[int, Any] = {}
+        self._keys = itertools.count()
+        threading.Thread(target=self.loop.run_forever, name="train-barriers", daemon=True).start()
+
+    def new(self, options: dict) -> HostedBarrier:
+        key = next(self._keys)
+        self.barriers[key] = _Barrier(**options)
+        return HostedBarrier(self.handle, key)
+
+    def submit(self, key: int, method: str, args: tuple, kwargs: dict) -> Future:
+        async def call():
+            barrier = self.barriers.get(key)
+            if barrier is None:
+                raise SynchronizationBarrierResetError(
+                    "the worker group's synchronization barrier was shut down")
+            result = getattr(barrier, method)(*args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop)
+
+    def drop(self, key: int) -> None:
+        """The group is shut down (Ray kills its actor): its waiters raise, later calls too."""
+        barrier = self.barriers.pop(key, None)
+        if barrier is not None:
+            asyncio.run_coroutine_threadsafe(barrier.reset(), self.loop)
+
+
+_host_lock = threading.Lock()
+_in_this_class = False  # whether this process runs the controller class below
+
+
+def _this_host() -> _Host:
+    with _host_lock:
+        if barrier_handle.local_host is None:
+            barrier_handle.local_host = _Host()
+        return barrier_handle.local_host
+
+
+class TrainController(controller_module.TrainController):
+    """Ray Train's controller, holding its worker groups' synchronization barriers."""
+
+    def __init__(self, *args, **kwargs):
+        global _in_this_class
+        _in_this_class = True
+        super().__init__(*args, **kwargs)
+
+    async def barrier_call(self, key: int, method: str, args: tuple, kwargs: dict) -> Any:
+        return await asyncio.wrap_future(_this_host().submit(key, method, args, kwargs))
+
+
+class _SynchronizationActorHere:
+    """What the worker group's module calls SynchronizationActor, in the controller's process:
+    ``.options(...).remote(...)`` makes a barrier in this controller (one of the class above),
+    or Ray's actor (any other)."""
+
+    def options(self, **actor_options) -> _SynchronizationActorHere._Options:
+        return self._Options(actor_options)
+
+    class _Options:
+        def __init__(self, actor_options: dict):
+            self.actor_options = actor_options
+
+        def remote(self, **kwargs):
+            if _in_this_class:
+                return _this_host().new(kwargs)
+            return RaySynchronizationActor.options(**self.actor_options).remote(**kwargs)
+
+
+def _shutdown_sync_actor(sync_actor) -> None:
+    if isinstance(sync_actor, HostedBarrier):
+        _this_host().drop(sync_actor.key)
+    else:
+        _ray_shutdown_sync_actor(sync_actor)
+
+
+def with_barrier_in_controller() -> bool:
+    """Ray Train's fit() starts this module's controller class (its trainer module's private
+    global): a run's worker groups then start no synchronization actor. False where a Ray
+    upgrade moved what this needs (Ray's actor then starts as before)."""
+    from ray.train.v2.api import data_parallel_trainer
+
+    if not installed():
+        return False
+    data_parallel_trainer.TrainController = TrainController
+    return True
+
+
+def installed() -> bool:
+    from ray.train.v2.api import data_parallel_trainer
+
+    return (getattr(data_parallel_trainer, "TrainController", None)
+            in (controller_module.TrainController, TrainController)
+            and isinstance(group_module.SynchronizationActor, _SynchronizationActorHere)
+            and group_state._shutdown_sync_actor is _shutdown_sync_actor)
+
+
+if getattr(group_module, "SynchronizationActor", None) is RaySynchronizationActor and callable(
+        getattr(group_state, "_shutdown_sync_actor", None)):
+    group_module.SynchronizationActor = _SynchronizationActorHere()
+    group_state._shutdown_sync_actor = _shutdown_sync_actor
