@@ -171,7 +171,7 @@ def with_barrier_in_controller() -> bool:
     moved what that needs: its actor then starts as before."""
     try:
         from orchestrator.ray_internals import controller_barrier
-    except ImportError:
+    except (ImportError, AttributeError):  # what it takes from Ray moved (an upgrade)
         return False
     return controller_barrier.with_barrier_in_controller()
 
@@ -263,7 +263,7 @@ def hooks_missing(ray_trainer) -> list[str]:
         from orchestrator.ray_internals import controller_barrier
 
         barrier_here = controller_barrier.installed()
-    except ImportError:
+    except (ImportError, AttributeError):
         barrier_here = False
     if not barrier_here:
         missing.append("Ray Train's synchronization actor can no longer be kept in its "
