@@ -16,9 +16,11 @@ from that loop (a ray.get of what the call returns). A worker's call still enter
 controller's loop (an async actor method), so it waits while that loop is blocked: a poll of
 the workers (milliseconds; at most the health check's timeout when a worker does not answer),
 a group's start or shutdown. Ray's actor answered at once; a collective here may take that
-much longer, never forever (every blocking call of the controller has a timeout). The controller class Ray Train starts is
-swapped for a subclass that holds them (``with_barrier_in_controller``, a private module global
-of Ray's); where the swap is missing, Ray's actor starts as before.
+much longer, never forever (every blocking call of the controller has a timeout).
+
+The controller class Ray Train starts is swapped for a subclass that holds them
+(``with_barrier_in_controller``, a private module global of Ray's); where the swap is
+missing, Ray's actor starts as before.
 """
 
 from __future__ import annotations
