@@ -69,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
                         "commit) as an extra side, orchestrator_tree: its driver and Ray Train "
                         "controller run that code (PYTHONPATH first, PYTHONSAFEPATH=1); the "
                         "workers still import this checkout's trainers; recovery runs its job "
-                        "with it too, right after its own, each repeat")
+                        "with it too, right after its own, each repeat; fixed_cost's sweep "
+                        "runs its sweep too, interleaved with this tree's, --repeats pairs")
     g.add_argument("--fixed-warm", type=int, default=1,
                    help="fixed_cost: also time commands joining a running cluster (0: skip)")
     g.add_argument("--fixed-served", type=int, default=1,

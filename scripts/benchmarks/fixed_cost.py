@@ -204,18 +204,35 @@ def cpu_profile(runs: dict[str, list[dict]]) -> dict:
 
 def sweep_cost(args: argparse.Namespace, work: Path, epochs: int, result: dict) -> dict:
     """A sweep of N trials one at a time in one Ray session: its wall time per trial against
-    a single command's (the same job), from this run's medians."""
+    a single command's (the same job), from this run's medians. With --fixed-tree, the older
+    checkout's sweep too, interleaved with this tree's, --repeats pairs."""
     n = args.sweep_trials
+    tree = getattr(args, "fixed_tree", None)
     lrs = ",".join(f"{0.1 + 0.001 * k:.3f}" for k in range(n))
-    sweep_dir = work / "sweep"
-    progress(f"fixed_cost sweep of {n} trials")
-    timed = run_timed([*ORCHESTRATOR, "--multirun", f"trainer.lr={lrs}",
-                       f"trainer.epochs={epochs}", f"hydra.sweep.dir={sweep_dir}",
-                       f"storage.uri={sweep_dir / 'ckpt'}", "hydra.sweeper.max_concurrent=1"],
-                      work / "sweep.log")
+
+    def sweep(label: str, i: int, cwd: Path, env: dict | None) -> float:
+        sweep_dir = work / f"sweep-{label}-{i}"
+        progress(f"fixed_cost sweep of {n} trials ({label} {i + 1})")
+        timed = run_timed([*ORCHESTRATOR, "--multirun", f"trainer.lr={lrs}",
+                           f"trainer.epochs={epochs}", f"hydra.sweep.dir={sweep_dir}",
+                           f"storage.uri={sweep_dir / 'ckpt'}", "hydra.sweeper.max_concurrent=1"],
+                          work / f"sweep-{label}-{i}.log", env=env, cwd=cwd)
+        return timed.wall_s
+
+    ours, older = [], []
+    for i in range(args.repeats if tree else 1):
+        ours.append(sweep("ours", i, REPO, None))
+        if tree:
+            older.append(sweep("tree", i, Path(tree), {"PYTHONSAFEPATH": "1", "PYTHONPATH": tree}))
     single = result["median_s"]["orchestrator"]["to_exit_s"]
-    per_trial = timed.wall_s / n
-    return {"trials": n, "wall_s": timed.wall_s, "per_trial_s": round(per_trial, 3),
-            "figure": figure(ratio(per_trial, result["median_s"]["ray_train"]["to_exit_s"]),
-                             GOAL, what="sweep wall / trials, against one plain Ray Train run"),
-            "vs_single_command": ratio(per_trial, single)}
+    wall = median(ours)
+    per_trial = wall / n
+    out = {"trials": n, "wall_s": wall, "per_trial_s": round(per_trial, 3),
+           "figure": figure(ratio(per_trial, result["median_s"]["ray_train"]["to_exit_s"]),
+                            GOAL, what="sweep wall / trials, against one plain Ray Train run"),
+           "vs_single_command": ratio(per_trial, single)}
+    if tree:
+        out["runs_s"] = ours
+        out["tree"] = {"runs_s": older, "wall_s": median(older),
+                       "paired": [ratio(a, b) for a, b in zip(ours, older, strict=True)]}
+    return out
