@@ -1,6 +1,6 @@
 """Issue 30's lead, measured: Ray worker processes forked from a server that has Ray and torch
-imported (scripts/fork_server/) against Ray's own process start, on a `ray start --head` of
-this machine.
+imported (orchestrator/ray_internals/fork_server/, which a sweep uses) against Ray's own
+process start, on a `ray start --head` of this machine.
 
     python scripts/bench_fork_server.py --repeats 5
 
@@ -26,8 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.benchmarks.common import loadavg  # noqa: E402
 from scripts.local_cluster import node_env, start_head, stop_cluster  # noqa: E402
 
-HERE = Path(__file__).resolve().parent / "fork_server"
-PRELOAD = ["torch", "ray.train.torch"]
+HERE = Path(__file__).resolve().parent.parent / "orchestrator" / "ray_internals" / "fork_server"
+# Not ray.train.torch: Ray Data's import (through Ray Train's) seeds Ray's ID generator, and
+# the server then refuses to serve (its server.py); the actors import it themselves.
+PRELOAD = ["torch", "torch._dynamo"]
 
 DRIVER = r'''
 import json, os, subprocess, sys, time

@@ -28,6 +28,9 @@ class Backend:
     worker_env: Mapping[str, str] = field(default_factory=dict)  # set before the first import
     # Imported by each worker's process as it starts (orchestrator/worker/warm.py)
     warm_imports: tuple[str, ...] = ()
+    # Imported by a sweep's fork server (orchestrator/ray_internals/fork_server/): the
+    # framework, none of Ray's modules, and nothing that starts threads at import.
+    fork_imports: tuple[str, ...] = ()
 
     def ray_config(self, hang_timeout_s: float, use_gpu: bool):
         module, _, name = self.config_class.partition(":")
@@ -53,6 +56,7 @@ TORCH_CONFIG = "orchestrator.ray_internals.torch_backend:TorchProcessGroupConfig
 # which torch imports with the first optimizer (torch.optim's add_param_group): ~1 s and
 # ~0.8 s of a worker's start here.
 TORCH_WARM = ("ray.train.torch", "torch._dynamo")
+TORCH_FORK = ("torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed")
 # Keras 3 fails under MultiWorkerMirroredStrategy; tf-keras (Keras 2) works, and must be chosen
 # before tensorflow is first imported in the worker.
 TF_WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -60,11 +64,11 @@ TF_WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 BACKENDS: dict[str, Backend] = {
     b.name: b for b in [
         Backend("torch", TORCH_CONFIG, torch_options(None), TORCH_CONTROLLER_ENV,
-                warm_imports=TORCH_WARM),
+                warm_imports=TORCH_WARM, fork_imports=TORCH_FORK),
         Backend("gloo", TORCH_CONFIG, torch_options("gloo"), TORCH_CONTROLLER_ENV,
-                warm_imports=TORCH_WARM),
+                warm_imports=TORCH_WARM, fork_imports=TORCH_FORK),
         Backend("nccl", TORCH_CONFIG, torch_options("nccl"), TORCH_CONTROLLER_ENV,
-                warm_imports=TORCH_WARM),
+                warm_imports=TORCH_WARM, fork_imports=TORCH_FORK),
         Backend("tensorflow", "ray.train.tensorflow:TensorflowConfig", worker_env=TF_WORKER_ENV),
         Backend("xgboost", "ray.train.xgboost:XGBoostConfig"),
         Backend("lightgbm", "ray.train.lightgbm:LightGBMConfig"),

@@ -115,7 +115,7 @@ class RaySession:
     dashboard_of_this_process: str | None = None  # for a session that reuses the open one
 
     def __init__(self, cluster: ClusterConfig, env_vars: dict[str, str] | None = None,
-                 verbose: bool = False, keep_open: bool = False):
+                 verbose: bool = False, keep_open: bool = False, py_executable: str | None = None):
         self.cluster = cluster
         self.env_vars = env_vars or {}
         self.verbose = verbose  # log.ray_verbose: Ray's own output in the terminal
@@ -123,6 +123,9 @@ class RaySession:
         self.joined = cluster.address is not None
         self.reused = False
         self.keep_open = keep_open  # a service's: stays open after its first command
+        # What the raylet runs the job's worker processes with (a sweep's fork server's client,
+        # orchestrator/ray_internals/fork_server/), else Ray's own Python.
+        self.py_executable = py_executable
         self.interrupted = False  # a Ctrl-C came while Ray was shutting down
         self._started: threading.Event | None = None  # set when the background start ends
         self._thread: threading.Thread | None = None
@@ -184,7 +187,10 @@ class RaySession:
             self.dashboard_url = RaySession.dashboard_of_this_process
             return self
         quiet_ray_loggers(self.verbose)
-        quiet = {**ray_init_kwargs(self.verbose), "runtime_env": {"env_vars": self.env_vars}}
+        runtime_env = {"env_vars": self.env_vars}
+        if self.py_executable:
+            runtime_env["py_executable"] = self.py_executable
+        quiet = {**ray_init_kwargs(self.verbose), "runtime_env": runtime_env}
         if self.joined:
             address = resolve_address(c.address)
             probe(address)

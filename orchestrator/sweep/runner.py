@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -142,10 +143,6 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     """Run every trial; return the exit code (0 when no trial failed)."""
     from hydra.core.singleton import Singleton
 
-    from orchestrator.driver.backends import backend_named
-    from orchestrator.driver.ray_session import RaySession, user_pythonpath
-    from orchestrator.ray_internals.train_hooks import controller_env
-
     started = time.time()
     space = build_space(arguments, dict(conf.params))
     check_search(space, conf.search)
@@ -163,15 +160,7 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
         log.warning("hydra.sweeper.search=%s draws hydra.sweeper.num_samples=1 trial: set "
                     "num_samples to the trials you want", conf.search)
 
-    # Trials import the user's modules (a trainer.fn or _target_ of theirs) from the command's
-    # directory, which Ray puts on every process's sys.path (launch.worker_env says why not
-    # through PYTHONPATH). The controllers of all trials share the session's environment: the
-    # base trainer's backend's knobs.
-    backend = backend_named(str(config.trainer.get("backend", "torch")))
-    env = {**controller_env(float(config.failure.hang_timeout_s), backend), **user_pythonpath()}
-    # Trials print through Ray's worker-output channel (no recorder of the sweep relays them
-    # yet), so a sweep streams it whatever log.ray_verbose says.
-    with RaySession(cluster, env, verbose=True) as session:
+    with sweep_session(config, cluster, space) as session:
         if session.dashboard_url:
             log.info("Ray dashboard: %s (%s)", session.dashboard_url,
                      session.dashboard_token_hint())
@@ -197,6 +186,55 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
                     "rest, each from its newest checkpoint", name)
         return 130
     return 1 if failed else 0
+
+
+@contextmanager
+def sweep_session(config: DictConfig, cluster: ClusterConfig, space: SweepSpace):
+    """The Ray session all trials run in, with its fork server where one serves."""
+    from orchestrator.driver.backends import backend_named
+    from orchestrator.driver.ray_session import RaySession, user_pythonpath
+    from orchestrator.ray_internals import fork_server
+    from orchestrator.ray_internals.train_hooks import controller_env
+
+    # Trials import the user's modules (a trainer.fn or _target_ of theirs) from the command's
+    # directory, which Ray puts on every process's sys.path (launch.worker_env says why not
+    # through PYTHONPATH). The controllers of all trials share the session's environment: the
+    # base trainer's backend's knobs.
+    backend = backend_named(str(config.trainer.get("backend", "torch")))
+    env = {**controller_env(float(config.failure.hang_timeout_s), backend), **user_pythonpath()}
+    sock = fork_server_socket(cluster, space)
+    # Trials print through Ray's worker-output channel (no recorder of the sweep relays them
+    # yet), so a sweep streams it whatever log.ray_verbose says.
+    with RaySession(cluster, env, verbose=True,
+                    py_executable=fork_server.client_executable(sock) if sock else None) as session, \
+            fork_server.serving(sock, backend.fork_imports):
+        yield session
+
+
+def fork_server_socket(cluster: ClusterConfig, space: SweepSpace) -> str | None:
+    """Where the sweep's fork server listens, or None for none: on an embedded cluster the
+    trials' processes fork from a server with what they import already imported (one job, one
+    node: ray_internals/fork_server/); not for GPU trials, nor trials of another trainer."""
+    from orchestrator.ray_internals import fork_server
+
+    forks = cluster.address is None and most_gpus_a_trial_asks(cluster, space) == 0 and \
+        one_backend(space) and not ray_is_initialized() and fork_server.usable()
+    return fork_server.socket_path() if forks else None
+
+
+def one_backend(space: SweepSpace) -> bool:
+    """Every trial has the base config's trainer and backend (the fork server imports that
+    backend's framework: another's workers would start beside it)."""
+    keys = [line.partition("=")[0].lstrip("+~") for line in space.fixed]
+    keys += [dim.key for dim in space.dimensions]
+    return not any(key in ("trainer", "trainer.backend") for key in keys)
+
+
+def ray_is_initialized() -> bool:
+    """A service's Ray, open before this sweep (its job's runtime environment is set)."""
+    import ray
+
+    return ray.is_initialized()
 
 
 def make_tuner(conf: RayTuneSweeperConf, ctx: TrialContext, sweep_dir: Path, grid: int,

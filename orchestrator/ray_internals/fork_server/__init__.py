@@ -1,0 +1,120 @@
+"""A sweep's worker processes forked from a server that has Ray, Ray Train and the workers'
+framework imported, instead of each started as a new Python.
+
+A sweep runs its trials in one Ray job on one node, and every trial starts a recorder, Ray
+Train's controller and its workers: four Pythons importing Ray (and the workers torch and Ray
+Train's torch side), ~2 CPU-s each of the ~12 a trial takes on 2 cores
+(docs/benchmarks.md). The raylet starts the job's worker processes with the job's runtime
+environment's ``py_executable``, here client.py, which hands the start over to this job's
+server: the server forks a child that runs Ray's worker in the client's arguments,
+environment, folder and standard streams, with those modules already imported. The first
+processes (before the server is up) start as Ray would start them: the client finds no
+server and becomes the worker itself.
+
+One server serves one job on one node (Ray's C++ config reads the job's id once, at
+import), so only a sweep on an embedded cluster uses one; the driver starts it once Ray is up
+and stops it with the session. GPU trials do not (a framework imported before Ray places a
+worker would see every GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CLIENT = Path(__file__).with_name("client.py")
+SERVER = "orchestrator.ray_internals.fork_server.server"
+# What every trial's processes import besides Ray and the workers' framework, as far as a
+# fork allows: Ray Train's dependencies it checks for at import (its controller's and
+# workers'), the recorder's TensorBoard writer. Not Ray Train or Ray Data themselves: Ray
+# Data's import seeds the ID generator the children must not share (server.py).
+PRELOAD = ("pandas", "pyarrow", "fsspec", "requests", "tensorboard.compat.proto.event_pb2",
+           "tensorboard.summary.writer.record_writer")
+
+
+def usable() -> bool:
+    """Nothing else sets the job's ``py_executable``: Ray's own for a driver run by `uv run`
+    (its workers run through uv), or a runtime environment hook of the user's."""
+    if os.environ.get("RAY_RUNTIME_ENV_HOOK"):
+        return False
+    try:
+        from ray._private.runtime_env.uv_runtime_env_hook import _get_uv_run_cmdline
+
+        return _get_uv_run_cmdline() is None
+    except Exception:  # noqa: BLE001  (moved in a Ray upgrade: no forks, to be safe)
+        return False
+
+
+def socket_path() -> str:
+    """Where this driver's server will listen (an AF_UNIX path: short, this machine's)."""
+    return os.path.join(tempfile.gettempdir(), f"orchestrator-fork-{os.getpid()}.sock")
+
+
+def client_executable(path: str) -> str:
+    """The job's runtime environment's ``py_executable``."""
+    return f"{sys.executable} -I -S {CLIENT} {path}"
+
+
+def raylet_pid() -> int:
+    """The pid of this node's raylet (the one this driver is connected to), from /proc."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    name = next(n["RayletSocketName"] for n in ray.nodes() if n["NodeID"] == here)
+    mark = f"--raylet_socket_name={name}".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark in (entry / "cmdline").read_bytes():
+                return int(entry.name)
+        except OSError:
+            continue
+    raise LookupError(f"no raylet with socket {name}")
+
+
+def start_server(path: str, modules: tuple[str, ...]) -> subprocess.Popen | None:
+    """The server for this driver's job on this (the embedded head's) node, importing
+    ``modules`` after PRELOAD; None where it cannot start (the trials' processes then start as
+    Ray starts them)."""
+    try:
+        import ray
+
+        env = dict(os.environ, RAY_JOB_ID=ray.get_runtime_context().get_job_id(),
+                   RAY_RAYLET_PID=str(raylet_pid()))
+        return subprocess.Popen([sys.executable, "-m", SERVER, path, *PRELOAD, *modules],
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                # Not in the terminal's process group: a Ctrl-C is the sweep's
+                                # to handle (Tune stops the trials), not a signal to the server.
+                                start_new_session=True)
+    except Exception as exc:  # noqa: BLE001  (a speed-up only)
+        log.debug("no fork server: %s", exc)
+        return None
+
+
+def stop_server(server: subprocess.Popen | None, path: str) -> None:
+    if server is not None:
+        server.kill()
+        server.wait()
+    for leftover in (path, path + ".tmp"):
+        try:
+            os.unlink(leftover)
+        except FileNotFoundError:
+            pass
+
+
+@contextmanager
+def serving(path: str | None, modules: tuple[str, ...]) -> Iterator[subprocess.Popen | None]:
+    """A server at ``path`` (None: none) for the block, Ray up (the job's id is its)."""
+    server = start_server(path, modules) if path else None
+    try:
+        yield server
+    finally:
+        if path:
+            stop_server(server, path)

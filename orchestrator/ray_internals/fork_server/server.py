@@ -1,0 +1,189 @@
+"""The fork server (fork_server/__init__.py): imports Ray and what the job's processes import,
+then forks a child for each worker process the raylet starts through client.py.
+
+    python -m orchestrator.ray_internals.fork_server.server SOCKET [MODULE[:FUNCTION] ...]
+
+Started with the job's RAY_JOB_ID and the raylet's RAY_RAYLET_PID in its environment (Ray's
+C++ config reads both once, when `import ray` loads it). A child takes its client's argument
+list, environment, folder and standard streams, gets a session of its own (Ray kills an exited
+worker's process group: the server's otherwise), sizes torch's thread pool as its own
+environment says (torch read the server's at import), reseeds numpy's global generator (Python's
+reseeds itself at a fork), and runs Ray's default_worker.py. The
+server forks only from its main thread, between requests; the threads it keeps only wait.
+It ends with the process that started it (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import importlib
+import json
+import math
+import os
+import runpy
+import signal
+import socket
+import sys
+import threading
+
+WORKER_CPUS = "ORCHESTRATOR_WORKER_CPUS"  # orchestrator/worker/warm.py's
+
+
+def end_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def preload(names: list[str]) -> None:
+    for name in names:
+        module, _, function = name.partition(":")
+        try:
+            imported = importlib.import_module(module)
+            if function:
+                getattr(imported, function)()
+        except Exception as exc:  # noqa: BLE001  (a child imports it itself, and says why)
+            print(f"fork server: could not import {name}: {exc}", file=sys.stderr, flush=True)
+
+
+def ids_differ_in_children() -> bool:
+    """Two children forked now make different random Ray IDs. Ray's C++ side draws them from
+    one generator, seeded at its first use: had an import used it here (Ray Data's does), every
+    child would make the same task and object IDs as its siblings, and a process that takes
+    calls from two of them (Ray Train's controller) would mix them up or abort."""
+    seen = []
+    for _ in range(2):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            import ray
+
+            os.write(write, ray.ObjectRef.from_random().hex().encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            seen.append(pipe.read())
+        os.waitpid(pid, 0)
+    return len(set(seen)) == 2 and all(seen)
+
+
+def receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds = b"", array.array("i")
+    while not data.endswith(b"\n"):
+        msg, ancdata, _, _ = conn.recvmsg(1 << 20, socket.CMSG_LEN(3 * fds.itemsize))
+        if not msg:
+            raise EOFError
+        data += msg
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return json.loads(data), list(fds)
+
+
+def threads_as_asked() -> None:
+    """torch sized its thread pool from the server's environment: size it from the child's, as
+    the worker's own import would have (OMP_NUM_THREADS, else its CPUs, as warm.py sets)."""
+    torch = sys.modules.get("torch")
+    wanted = os.environ.get("OMP_NUM_THREADS")
+    cpus = os.environ.get(WORKER_CPUS)
+    if not wanted and cpus:
+        wanted = str(max(math.floor(float(cpus)), 1))
+        os.environ["OMP_NUM_THREADS"] = wanted
+    if torch is not None and wanted and wanted.isdigit():
+        torch.set_num_threads(int(wanted))
+
+
+def run_child(request: dict, fds: list[int]) -> None:
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = request["argv"]
+    # The interpreter's flags before the script (python -u default_worker.py ...), if any.
+    script = next((i for i, arg in enumerate(argv) if arg.endswith(".py")), 0)
+    sys.argv = argv[script:]
+    threads_as_asked()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # its global generator, seeded once here: fresh, as a new process's
+        numpy.random.seed()
+    code = 1
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve(server: socket.socket, conn: socket.socket) -> None:
+    request, fds = receive(conn)
+    pid = os.fork()
+    if pid == 0:
+        server.close()
+        conn.close()
+        run_child(request, fds)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(f"{pid}\n".encode())
+
+    def client_gone() -> None:  # the raylet killed the client: its worker goes too
+        try:
+            while conn.recv(1):
+                pass
+        except OSError:
+            pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def reap() -> None:
+        _, status = os.waitpid(pid, 0)
+        try:
+            conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        except OSError:
+            pass
+        conn.close()
+
+    threading.Thread(target=client_gone, daemon=True).start()
+    threading.Thread(target=reap, daemon=True).start()
+
+
+def main() -> None:
+    end_with_parent()
+    path = sys.argv[1]
+    preload(sys.argv[2:])
+    import ray  # noqa: F401  (after the modules: a preload's failure says so, the rest serves)
+
+    if not ids_differ_in_children():
+        print("fork server: not serving: an import seeded Ray's ID generator (children would "
+              "share IDs)", file=sys.stderr, flush=True)
+        return  # no socket: every process starts as Ray starts it
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path + ".tmp")
+    os.rename(path + ".tmp", path)  # the socket appears only once the server is ready
+    server.listen(64)
+    while True:
+        conn, _ = server.accept()
+        try:
+            serve(server, conn)
+        except (EOFError, OSError, ValueError):
+            conn.close()
+
+
+if __name__ == "__main__":
+    main()
