@@ -32,7 +32,10 @@
 - scaling.py: Ray Train's fixed-size scaling policy without autoscaler requests (an embedded
   cluster has no autoscaler);
 - torch_backend.py: Ray Train's torch backend, its worker-side functions called without torch
-  in the controller's process.
+  in the controller's process;
+- fork_server/: a sweep's worker processes forked from a server with its imports done (the
+  runtime environment's `py_executable` as its client; the job id and raylet pid Ray's C++
+  config reads at import; Ray's ID generator, which must not be seeded before a fork).
 
 tests/test_ray_internals.py checks each against the installed Ray (not a stand-in), so a
 Ray upgrade that renames one fails there, naming it.
