@@ -890,13 +890,12 @@ def test_a_worker_groups_barrier_lives_in_its_controller_and_ends_with_the_group
 
 
 FORK_SERVER_CHECK = r"""
-import json, os, sys, time
+import atexit, json, os, sys, time
 import ray
+from orchestrator.driver.backends import backend_named
 from orchestrator.ray_internals import fork_server
 
-sock = fork_server.socket_path()
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False,
-         runtime_env={"py_executable": fork_server.client_executable(sock)})
+seen, out = {}, sys.argv[2]
 
 @ray.remote(num_cpus=0.1)
 class Probe:
@@ -907,47 +906,60 @@ class Probe:
         return {"pid": os.getpid(), "parent": os.getppid(), "ahead": self.ahead,
                 "threads": torch.get_num_threads(), "id": ray.ObjectRef.from_random().hex(),
                 "numpy": int(numpy.random.randint(1 << 30))}
+    def leave(self, mark):  # an actor's own exit: its process's exit handlers run
+        atexit.register(lambda: open(mark, "w").write("ran"))
+        ray.actor.exit_actor()
 
-one_cpu = {"env_vars": {"ORCHESTRATOR_WORKER_CPUS": "1"}}
-before = Probe.options(runtime_env=one_cpu).remote()  # no server yet: Ray's own start
-seen = {"before": ray.get(before.facts.remote(), timeout=120)}
-with fork_server.serving(sock, ("torch",)) as server:
-    deadline = time.monotonic() + 120
-    while not os.path.exists(sock) and time.monotonic() < deadline:
+def wait_for(check, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
         time.sleep(0.05)
-    forked, sibling = (Probe.options(runtime_env=one_cpu).remote() for _ in range(2))
-    seen["forked"], seen["sibling"] = ray.get([forked.facts.remote(), sibling.facts.remote()],
-                                              timeout=120)
-    seen["server"] = server.pid
-    ray.kill(forked)
-    deadline = time.monotonic() + 60
-    while os.path.exists(f"/proc/{seen['forked']['pid']}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    seen["killed_child_gone"] = not os.path.exists(f"/proc/{seen['forked']['pid']}")
-seen["server_ended"] = server.poll() is not None and not os.path.exists(sock)
-# An import that seeds Ray's ID generator (Ray Data's): the server refuses to serve.
-with fork_server.serving(sock, ("ray.data",)) as refusing:
-    seen["refused"] = refusing.wait(timeout=120) == 0 and not os.path.exists(sock)
+    return check()
+
+with fork_server.socket_dir(True) as sock:
+    seen["private"] = oct(os.stat(os.path.dirname(sock)).st_mode & 0o777)
+    ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False,
+             runtime_env={"py_executable": fork_server.client_executable(sock)})
+    one_cpu = {"env_vars": {"ORCHESTRATOR_WORKER_CPUS": "1"}}
+    before = Probe.options(runtime_env=one_cpu).remote()  # no server yet: Ray's own start
+    seen["before"] = ray.get(before.facts.remote(), timeout=120)
+    with fork_server.serving(sock, backend_named("torch").fork_imports) as server:
+        wait_for(lambda: os.path.exists(sock), 120)
+        forked, sibling = (Probe.options(runtime_env=one_cpu).remote() for _ in range(2))
+        seen["forked"], seen["sibling"] = ray.get([forked.facts.remote(),
+                                                   sibling.facts.remote()], timeout=120)
+        seen["server"] = server.pid
+        ray.kill(forked)
+        seen["killed_child_gone"] = wait_for(
+            lambda: not os.path.exists(f"/proc/{seen['forked']['pid']}"))
+        sibling.leave.remote(os.path.join(out, "atexit"))
+        seen["exit_handlers_ran"] = wait_for(lambda: os.path.exists(os.path.join(out, "atexit")))
+    seen["server_ended"] = server.poll() is not None and not os.path.exists(sock)
+    # An import that seeds Ray's ID generator (Ray Data's): the server refuses to serve.
+    with fork_server.serving(sock, ("ray.data",)) as refusing:
+        seen["refused"] = refusing.wait(timeout=120) == 0 and not os.path.exists(sock)
+seen["folder_removed"] = not os.path.exists(os.path.dirname(sock))
 print(json.dumps(seen))
 """
 
 
 def test_a_sweeps_processes_fork_from_its_server_with_torch_imported_and_their_own_threads(
-        ray_head):
+        ray_head, tmp_path):
     """A job whose py_executable is the fork server's client (a sweep's): a process started
     before the server is up is Ray's own; one started after is the server's child, torch
     imported before the actor's code ran, its thread pool sized by its own CPUs (the server's
     import saw 2), its Ray IDs and numpy stream its own, and a killed actor's forked process
-    goes with it; the server ends with its block and leaves no socket, and one whose imports
-    seeded Ray's ID generator does not serve."""
+    goes with it, one that exits runs its exit handlers; the server (the torch backend's
+    imports) ends with its block and leaves no socket, in a folder only its user can enter and
+    that goes with it, and one whose imports seeded Ray's ID generator does not serve."""
     import subprocess
     import sys
 
     from scripts.local_cluster import node_env
 
-    done = subprocess.run([sys.executable, "-c", FORK_SERVER_CHECK, ray_head.address],
-                          capture_output=True, text=True, env=node_env(), timeout=300,
-                          cwd=Path(__file__).parent.parent)
+    done = subprocess.run([sys.executable, "-c", FORK_SERVER_CHECK, ray_head.address,
+                           str(tmp_path)], capture_output=True, text=True, env=node_env(),
+                          timeout=300, cwd=Path(__file__).parent.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["before"]["parent"] != seen["server"] and not seen["before"]["ahead"], seen
@@ -958,3 +970,5 @@ def test_a_sweeps_processes_fork_from_its_server_with_torch_imported_and_their_o
     assert seen["forked"]["id"] != seen["sibling"]["id"], seen
     assert seen["forked"]["numpy"] != seen["sibling"]["numpy"], seen
     assert seen["server_ended"] and seen["refused"], seen
+    assert seen["exit_handlers_ran"], seen  # Ray's worker shuts down in one
+    assert seen["private"] == "0o700" and seen["folder_removed"], seen

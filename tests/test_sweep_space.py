@@ -285,3 +285,40 @@ def test_a_sweep_may_compare_trials_by_a_figure_every_trial_reports(tmp_path):
     conf = SimpleNamespace(metric="samples_per_s", mode="max", search="grid")
     summary = summarize(conf, "s", tmp_path, SimpleNamespace(fixed=[]), rows, 1, 1.0, 0.0)
     assert [r["metric"] for r in rows] == [1000.0, 1900.0] and summary["best"]["trial"] == "b"
+
+
+@pytest.mark.parametrize("arguments, cluster, forks", [
+    (["trainer.lr=0.1,0.2"], {}, True),
+    (["cluster.workers=1,2"], {}, True),
+    (["trainer.lr=0.1,0.2"], {"address": "127.0.0.1:6379"}, False),  # a cluster of the user's
+    (["cluster.gpus_per_worker=0,1"], {}, False),  # a GPU trial: no framework before placement
+    (["trainer=ddp,mwms"], {}, False),  # another trainer's workers would start beside torch
+    (["trainer.backend=torch,gloo"], {}, False),
+])
+def test_a_sweep_forks_its_processes_only_where_one_server_serves_them_all(
+        monkeypatch, arguments, cluster, forks):
+    from orchestrator.config.schema import ClusterConfig
+    from orchestrator.ray_internals import fork_server
+    from orchestrator.sweep import runner
+
+    monkeypatch.setattr(runner, "ray_is_initialized", lambda: False)
+    monkeypatch.setattr(fork_server, "usable", lambda: True)
+    space = build_space(arguments, {})
+    assert runner.forks(ClusterConfig(**cluster), space) is forks
+    monkeypatch.setattr(runner, "ray_is_initialized", lambda: True)  # a service's Ray
+    assert runner.forks(ClusterConfig(**cluster), space) is False
+
+
+def test_the_fork_server_steps_aside_for_whatever_else_decides_how_processes_start(monkeypatch):
+    from orchestrator.ray_internals import fork_server
+    from orchestrator.ray_internals.knobs import SETUP_HOOK
+
+    for name in ("RAY_RUNTIME_ENV_HOOK", SETUP_HOOK,
+                 "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper"):
+        monkeypatch.delenv(name, raising=False)
+    assert fork_server.usable()  # this test's process runs under no `uv run`
+    for name, value in (("RAY_RUNTIME_ENV_HOOK", "mine:hook"), (SETUP_HOOK, "mine:setup"),
+                        ("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "1")):
+        monkeypatch.setenv(name, value)
+        assert not fork_server.usable(), name
+        monkeypatch.delenv(name)

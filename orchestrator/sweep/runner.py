@@ -202,24 +202,23 @@ def sweep_session(config: DictConfig, cluster: ClusterConfig, space: SweepSpace)
     # base trainer's backend's knobs.
     backend = backend_named(str(config.trainer.get("backend", "torch")))
     env = {**controller_env(float(config.failure.hang_timeout_s), backend), **user_pythonpath()}
-    sock = fork_server_socket(cluster, space)
     # Trials print through Ray's worker-output channel (no recorder of the sweep relays them
     # yet), so a sweep streams it whatever log.ray_verbose says.
-    with RaySession(cluster, env, verbose=True,
-                    py_executable=fork_server.client_executable(sock) if sock else None) as session, \
-            fork_server.serving(sock, backend.fork_imports):
+    with fork_server.socket_dir(forks(cluster, space)) as sock, \
+            RaySession(cluster, env, verbose=True,
+                       py_executable=fork_server.client_executable(sock) if sock else None) \
+            as session, fork_server.serving(sock, backend.fork_imports):
         yield session
 
 
-def fork_server_socket(cluster: ClusterConfig, space: SweepSpace) -> str | None:
-    """Where the sweep's fork server listens, or None for none: on an embedded cluster the
-    trials' processes fork from a server with what they import already imported (one job, one
-    node: ray_internals/fork_server/); not for GPU trials, nor trials of another trainer."""
+def forks(cluster: ClusterConfig, space: SweepSpace) -> bool:
+    """Whether the trials' processes fork from a server with what they import already imported
+    (ray_internals/fork_server/): on an embedded cluster (one job, one node), not for GPU
+    trials, nor trials of another trainer, nor where a service's Ray is open already."""
     from orchestrator.ray_internals import fork_server
 
-    forks = cluster.address is None and most_gpus_a_trial_asks(cluster, space) == 0 and \
+    return cluster.address is None and most_gpus_a_trial_asks(cluster, space) == 0 and \
         one_backend(space) and not ray_is_initialized() and fork_server.usable()
-    return fork_server.socket_path() if forks else None
 
 
 def one_backend(space: SweepSpace) -> bool:

@@ -19,8 +19,11 @@ worker would see every GPU).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +34,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CLIENT = Path(__file__).with_name("client.py")
-SERVER = "orchestrator.ray_internals.fork_server.server"
+SERVER = Path(__file__).with_name("server.py")
+PARENT = "ORCHESTRATOR_FORK_PARENT"  # the driver's pid: the server ends if it is gone
 # What every trial's processes import besides Ray and the workers' framework, as far as a
 # fork allows: Ray Train's dependencies it checks for at import (its controller's and
 # workers'), the recorder's TensorBoard writer. Not Ray Train or Ray Data themselves: Ray
@@ -41,9 +45,15 @@ PRELOAD = ("pandas", "pyarrow", "fsspec", "requests", "tensorboard.compat.proto.
 
 
 def usable() -> bool:
-    """Nothing else sets the job's ``py_executable``: Ray's own for a driver run by `uv run`
-    (its workers run through uv), or a runtime environment hook of the user's."""
-    if os.environ.get("RAY_RUNTIME_ENV_HOOK"):
+    """Nothing else decides how the job's processes start: Ray's `py_executable` for a driver
+    run by `uv run` (its workers run through uv), a runtime environment hook or a worker setup
+    hook of the user's (the forked workers' thread pools follow ours), the raylet killing the
+    children of a worker (a client's child is its worker)."""
+    from orchestrator.ray_internals.knobs import SETUP_HOOK
+
+    if os.environ.get("RAY_RUNTIME_ENV_HOOK") or os.environ.get(SETUP_HOOK) or \
+            os.environ.get("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper",
+                           "").lower() in ("1", "true"):
         return False
     try:
         from ray._private.runtime_env.uv_runtime_env_hook import _get_uv_run_cmdline
@@ -53,14 +63,25 @@ def usable() -> bool:
         return False
 
 
-def socket_path() -> str:
-    """Where this driver's server will listen (an AF_UNIX path: short, this machine's)."""
-    return os.path.join(tempfile.gettempdir(), f"orchestrator-fork-{os.getpid()}.sock")
+@contextmanager
+def socket_dir(wanted: bool) -> Iterator[str | None]:
+    """Where the server will listen (None when not ``wanted``): a folder only this user can
+    enter (the clients hand the server their environment, credentials included), removed
+    after the block."""
+    if not wanted:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="orchestrator-fork-")
+    try:
+        yield os.path.join(folder, "server.sock")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def client_executable(path: str) -> str:
-    """The job's runtime environment's ``py_executable``."""
-    return f"{sys.executable} -I -S {CLIENT} {path}"
+    """The job's runtime environment's ``py_executable`` (Ray puts it unquoted in a shell
+    command: quoted here)."""
+    return shlex.join([sys.executable, "-I", "-S", str(CLIENT), path])
 
 
 def raylet_pid() -> int:
@@ -87,8 +108,10 @@ def start_server(path: str, modules: tuple[str, ...]) -> subprocess.Popen | None
         import ray
 
         env = dict(os.environ, RAY_JOB_ID=ray.get_runtime_context().get_job_id(),
-                   RAY_RAYLET_PID=str(raylet_pid()))
-        return subprocess.Popen([sys.executable, "-m", SERVER, path, *PRELOAD, *modules],
+                   RAY_RAYLET_PID=str(raylet_pid()), **{PARENT: str(os.getpid())})
+        # -P: the command's folder is not on its path (a user's requests.py would shadow the
+        # library's in every child).
+        return subprocess.Popen([sys.executable, "-P", str(SERVER), path, *PRELOAD, *modules],
                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 # Not in the terminal's process group: a Ctrl-C is the sweep's
                                 # to handle (Tune stops the trials), not a signal to the server.
@@ -98,17 +121,6 @@ def start_server(path: str, modules: tuple[str, ...]) -> subprocess.Popen | None
         return None
 
 
-def stop_server(server: subprocess.Popen | None, path: str) -> None:
-    if server is not None:
-        server.kill()
-        server.wait()
-    for leftover in (path, path + ".tmp"):
-        try:
-            os.unlink(leftover)
-        except FileNotFoundError:
-            pass
-
-
 @contextmanager
 def serving(path: str | None, modules: tuple[str, ...]) -> Iterator[subprocess.Popen | None]:
     """A server at ``path`` (None: none) for the block, Ray up (the job's id is its)."""
@@ -116,5 +128,10 @@ def serving(path: str | None, modules: tuple[str, ...]) -> Iterator[subprocess.P
     try:
         yield server
     finally:
+        if server is not None:
+            server.kill()
+            server.wait()
         if path:
-            stop_server(server, path)
+            for leftover in (path, path + ".tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)

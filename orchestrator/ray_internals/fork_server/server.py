@@ -1,21 +1,24 @@
 """The fork server (fork_server/__init__.py): imports Ray and what the job's processes import,
 then forks a child for each worker process the raylet starts through client.py.
 
-    python -m orchestrator.ray_internals.fork_server.server SOCKET [MODULE[:FUNCTION] ...]
+    python -P server.py SOCKET [MODULE[:FUNCTION] ...]
 
 Started with the job's RAY_JOB_ID and the raylet's RAY_RAYLET_PID in its environment (Ray's
 C++ config reads both once, when `import ray` loads it). A child takes its client's argument
 list, environment, folder and standard streams, gets a session of its own (Ray kills an exited
 worker's process group: the server's otherwise), sizes torch's thread pool as its own
 environment says (torch read the server's at import), reseeds numpy's global generator (Python's
-reseeds itself at a fork), and runs Ray's default_worker.py. The
-server forks only from its main thread, between requests; the threads it keeps only wait.
-It ends with the process that started it (PR_SET_PDEATHSIG).
+reseeds itself at a fork), and runs Ray's default_worker.py, then the exit handlers a normal
+exit would (Ray's worker shuts down in one). The server forks only from its main thread,
+between requests; the threads it keeps only wait. It serves only its own user, and ends with
+the process that started it (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import array
+import atexit
+import contextlib
 import ctypes
 import importlib
 import json
@@ -24,10 +27,15 @@ import os
 import runpy
 import signal
 import socket
+import struct
 import sys
 import threading
 
 WORKER_CPUS = "ORCHESTRATOR_WORKER_CPUS"  # orchestrator/worker/warm.py's
+
+
+PARENT = "ORCHESTRATOR_FORK_PARENT"  # fork_server/__init__.py's
+OPEN: set[socket.socket] = set()  # the clients served, whose workers live: not a child's
 
 
 def end_with_parent() -> None:
@@ -35,6 +43,15 @@ def end_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.environ.get(PARENT) and os.getppid() != int(os.environ[PARENT]):
+        sys.exit(0)  # the driver ended before the line above: nothing to serve
+
+
+def same_user(conn: socket.socket) -> bool:
+    """The client runs as this server's user (its socket's folder admits no other; this is
+    the second lock)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1] == os.getuid()
 
 
 def preload(names: list[str]) -> None:
@@ -96,6 +113,8 @@ def threads_as_asked() -> None:
 
 
 def run_child(request: dict, fds: list[int]) -> None:
+    for conn in OPEN:  # other workers' clients: their end of file must come when the server's does
+        conn.close()
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for target, fd in enumerate(fds):
@@ -124,21 +143,28 @@ def run_child(request: dict, fds: list[int]) -> None:
 
         traceback.print_exc()
     finally:
+        # What the interpreter's exit would run: Ray's worker shuts down in an atexit handler.
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
 
 
 def serve(server: socket.socket, conn: socket.socket) -> None:
+    if not same_user(conn):
+        conn.close()
+        return
     request, fds = receive(conn)
     pid = os.fork()
     if pid == 0:
         server.close()
         conn.close()
         run_child(request, fds)
+    OPEN.add(conn)
     for fd in fds:
         os.close(fd)
-    conn.sendall(f"{pid}\n".encode())
+    with contextlib.suppress(OSError):  # a client gone already: client_gone ends its worker
+        conn.sendall(f"{pid}\n".encode())
 
     def client_gone() -> None:  # the raylet killed the client: its worker goes too
         try:
@@ -157,6 +183,7 @@ def serve(server: socket.socket, conn: socket.socket) -> None:
             conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
         except OSError:
             pass
+        OPEN.discard(conn)
         conn.close()
 
     threading.Thread(target=client_gone, daemon=True).start()
