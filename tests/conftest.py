@@ -161,7 +161,16 @@ def wait_for(predicate, run_dir, timeout=240):
         if rec and predicate(rec):
             return rec
         time.sleep(0.2)
-    raise AssertionError(f"timed out; record: {read_record(run_dir)}")
+    raise AssertionError(f"timed out; record: {read_record(run_dir)}{log_tails(run_dir)}")
+
+
+def log_tails(run_dir, lines=30) -> str:
+    """The end of each rank's log in the run folder: what a timed-out wait was waiting on."""
+    tails = []
+    for path in sorted((Path(run_dir) / "logs").glob("*.log")):
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+        tails.append(f"\n--- {path.name}:\n" + "\n".join(text))
+    return "".join(tails)
 
 
 def user_project(tmp_path: Path) -> Path:

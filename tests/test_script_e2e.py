@@ -47,6 +47,12 @@ def committed_snapshots(storage: Path, run: str) -> dict[int, dict]:
     return snapshots
 
 
+def newest_epoch(storage: Path, run: str) -> int:
+    """EPOCHS_RUN of the newest committed snapshot (0: none yet)."""
+    snapshots = committed_snapshots(storage, run)
+    return snapshots[max(snapshots)]["EPOCHS_RUN"] if snapshots else 0
+
+
 def log(run_dir: Path, rank: int) -> str:
     path = run_dir / "logs" / f"rank_{rank}.log"
     return path.read_text() if path.exists() else ""
@@ -61,20 +67,24 @@ def test_a_torchrun_script_runs_unchanged_and_a_rank_killed_mid_write_resumes_fr
     straight = start_run(tmp_path / "straight", *common, "run.name=straight",
                          f"trainer.command=OMP_NUM_THREADS=2 torchrun --nproc-per-node=2 {SCRIPT} "
                          f"{EPOCHS} 1", cwd=project)
-    gate = tmp_path / "gate"
+    gate, go = tmp_path / "gate", tmp_path / "go"
     gate.touch()
     killed = start_run(tmp_path / "killed", *common, "run.name=killed", "cluster.workers=2",
                        f"trainer.command=python {SCRIPT} {EPOCHS} 1 --pace-while {gate} "
-                       "--slow-save-at 3", cwd=project)
+                       f"--slow-save-at 3 --slow-save-when {go}", cwd=project)
+    # Epoch 3's save waits for `go`: epoch 2's snapshot, closed and still until then, is
+    # taken however slowly this machine polls (before, a loaded machine could miss epochs
+    # 0-2's and wait for a checkpoint forever).
+    wait_for(lambda r: newest_epoch(storage, "killed") == 3, tmp_path / "killed")
+    go.touch()
     # Rank 0 is half-way through overwriting snapshot.pt with epoch 3's: SIGKILL its script.
-    rec = wait_for(lambda r: "writing the snapshot of epoch 3" in log(tmp_path / "killed", 0)
-                   and r.get("checkpoints"), tmp_path / "killed")
-    newest = committed_snapshots(storage, "killed")
-    resumes_at = newest[max(newest)]["EPOCHS_RUN"]
+    rec = wait_for(lambda r: "writing the snapshot of epoch 3" in log(tmp_path / "killed", 0),
+                   tmp_path / "killed")
     (script,) = children_of(rec["workers"][0]["pid"])
     os.kill(script, signal.SIGKILL)
     wait_for(lambda r: r.get("restarts") == 1, tmp_path / "killed")
-    gate.unlink()
+    resumes_at = newest_epoch(storage, "killed")  # what the restart found: its next save
+    gate.unlink()  # waits on the gate
     runs = {"straight": finish_run(straight, tmp_path / "straight"),
             "killed": finish_run(killed, tmp_path / "killed")}
     for name, run in runs.items():
@@ -107,7 +117,7 @@ def test_a_torchrun_script_runs_unchanged_and_a_rank_killed_mid_write_resumes_fr
     assert rec["restarts"] == 1 and "rank 0's script killed by SIGKILL" in \
         rec["failures"][0]["message"], rec["failures"]
     snapshots = committed_snapshots(storage, "killed")  # torch.load of each: none torn
-    assert 1 <= resumes_at <= 3
+    assert resumes_at == 3  # epoch 2's, the last one before the kill
     assert f"Resuming training from snapshot at Epoch {resumes_at}" in log(tmp_path / "killed", 0)
     assert "TORCHELASTIC_RESTART_COUNT=1" in log(tmp_path / "killed", 1)
     last = snapshots[max(snapshots)]

@@ -7,7 +7,9 @@ present. It knows nothing of the orchestrator.
 
 Test hooks (a real script has none of these): --pace-while FILE paces each epoch while FILE
 exists; --slow-save-at E writes epoch E's snapshot in two halves with a pause between them
-while FILE exists. On SIGTERM every rank stops after the epoch it is in and rank 0 saves.
+while FILE exists, and with --slow-save-when GO begins it only once GO exists (until then the
+snapshot before it stays closed and still: taken however slowly the machine polls). On SIGTERM
+every rank stops after the epoch it is in and rank 0 saves.
 """
 
 import argparse
@@ -71,6 +73,8 @@ class Trainer:
                 os.path.exists(self.args.pace_while):
             import io
 
+            while self.args.slow_save_when and not os.path.exists(self.args.slow_save_when):
+                time.sleep(0.1)
             buf = io.BytesIO()
             torch.save(snapshot, buf)
             data = buf.getvalue()
@@ -108,6 +112,7 @@ def main():
     parser.add_argument("--snapshot_path", default="snapshot.pt")
     parser.add_argument("--pace-while", default=None)
     parser.add_argument("--slow-save-at", type=int, default=-1)
+    parser.add_argument("--slow-save-when", default=None)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_sigterm)
     print("env " + " ".join(f"{k}={os.environ.get(k)}" for k in (
