@@ -900,7 +900,8 @@ seen, out = {}, sys.argv[2]
 @ray.remote(num_cpus=0.1)
 class Probe:
     def __init__(self):
-        self.ahead = "torch" in sys.modules  # before anything of the actor's imports it
+        # before anything of the actor's imports them
+        self.ahead = all(m in sys.modules for m in ("torch", "ray.train.torch", "ray.data"))
     def facts(self):
         import numpy, torch
         return {"pid": os.getpid(), "parent": os.getppid(), "ahead": self.ahead,
@@ -935,8 +936,8 @@ with fork_server.socket_dir(True) as sock:
         sibling.leave.remote(os.path.join(out, "atexit"))
         seen["exit_handlers_ran"] = wait_for(lambda: os.path.exists(os.path.join(out, "atexit")))
     seen["server_ended"] = server.poll() is not None and not os.path.exists(sock)
-    # An import that seeds Ray's ID generator (Ray Data's): the server refuses to serve.
-    with fork_server.serving(sock, ("ray.data",)) as refusing:
+    # A preload that seeds Ray's ID generator (a random ID drawn): the server refuses to serve.
+    with fork_server.serving(sock, ("ray:ObjectRef.from_random",)) as refusing:
         seen["refused"] = refusing.wait(timeout=120) == 0 and not os.path.exists(sock)
 seen["folder_removed"] = not os.path.exists(os.path.dirname(sock))
 print(json.dumps(seen))
@@ -946,12 +947,13 @@ print(json.dumps(seen))
 def test_a_sweeps_processes_fork_from_its_server_with_torch_imported_and_their_own_threads(
         ray_head, tmp_path):
     """A job whose py_executable is the fork server's client (a sweep's): a process started
-    before the server is up is Ray's own; one started after is the server's child, torch
-    imported before the actor's code ran, its thread pool sized by its own CPUs (the server's
-    import saw 2), its Ray IDs and numpy stream its own, and a killed actor's forked process
-    goes with it, one that exits runs its exit handlers; the server (the torch backend's
+    before the server is up is Ray's own; one started after is the server's child, torch, Ray
+    Train's torch side and Ray Data imported before the actor's code ran, its thread pool
+    sized by its own CPUs (the server's import saw 2), its Ray IDs (Ray Data's import did not
+    seed their generator) and numpy stream its own, and a killed actor's forked process goes
+    with it, one that exits runs its exit handlers; the server (the torch backend's
     imports) ends with its block and leaves no socket, in a folder only its user can enter and
-    that goes with it, and one whose imports seeded Ray's ID generator does not serve."""
+    that goes with it, and one whose preload drew from Ray's ID generator does not serve."""
     import subprocess
     import sys
 

@@ -56,7 +56,8 @@ TORCH_CONFIG = "orchestrator.ray_internals.torch_backend:TorchProcessGroupConfig
 # which torch imports with the first optimizer (torch.optim's add_param_group): ~1 s and
 # ~0.8 s of a worker's start here.
 TORCH_WARM = ("ray.train.torch", "torch._dynamo")
-TORCH_FORK = ("torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed")
+TORCH_FORK = ("torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed",
+              "ray.train.torch")
 # Keras 3 fails under MultiWorkerMirroredStrategy; tf-keras (Keras 2) works, and must be chosen
 # before tensorflow is first imported in the worker.
 TF_WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -35,7 +35,8 @@
   in the controller's process;
 - fork_server/: a sweep's worker processes forked from a server with its imports done (the
   runtime environment's `py_executable` as its client; the job id and raylet pid Ray's C++
-  config reads at import; Ray's ID generator, which must not be seeded before a fork).
+  config reads at import; Ray's ID generator, which must not be seeded before a fork: the
+  actor class IDs Ray Train's and Ray Data's modules draw at import come from os.urandom).
 
 tests/test_ray_internals.py checks each against the installed Ray (not a stand-in), so a
 Ray upgrade that renames one fails there, naming it.

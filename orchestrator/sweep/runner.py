@@ -207,7 +207,7 @@ def sweep_session(config: DictConfig, cluster: ClusterConfig, space: SweepSpace)
     with fork_server.socket_dir(forks(cluster, space)) as sock, \
             RaySession(cluster, env, verbose=True,
                        py_executable=fork_server.client_executable(sock) if sock else None) \
-            as session, fork_server.serving(sock, backend.fork_imports):
+            as session, fork_server.serving(sock, backend.fork_imports, env):
         yield session
 
 

@@ -36,12 +36,14 @@ log = logging.getLogger(__name__)
 CLIENT = Path(__file__).with_name("client.py")
 SERVER = Path(__file__).with_name("server.py")
 PARENT = "ORCHESTRATOR_FORK_PARENT"  # the driver's pid: the server ends if it is gone
-# What every trial's processes import besides Ray and the workers' framework, as far as a
-# fork allows: Ray Train's dependencies it checks for at import (its controller's and
-# workers'), the recorder's TensorBoard writer. Not Ray Train or Ray Data themselves: Ray
-# Data's import seeds the ID generator the children must not share (server.py).
+# What every trial's processes import besides the workers' framework: Ray Train and Ray Data
+# (their actor classes' IDs drawn apart from Ray's generator, server.py), Ray Train's
+# controller with the orchestrator's side of it, the recorder (and its TensorBoard writer), the
+# workers' training function, and the libraries Ray Train checks for at import.
 PRELOAD = ("pandas", "pyarrow", "fsspec", "requests", "tensorboard.compat.proto.event_pb2",
-           "tensorboard.summary.writer.record_writer")
+           "tensorboard.summary.writer.record_writer", "ray.train", "ray.data",
+           "ray.train.v2._internal.execution.controller", "orchestrator.driver.recorder",
+           "orchestrator.ray_internals.controller_barrier", "orchestrator.worker.start")
 
 
 def usable() -> bool:
@@ -100,14 +102,16 @@ def raylet_pid() -> int:
     raise LookupError(f"no raylet with socket {name}")
 
 
-def start_server(path: str, modules: tuple[str, ...]) -> subprocess.Popen | None:
+def start_server(path: str, modules: tuple[str, ...], job_env: dict[str, str]) \
+        -> subprocess.Popen | None:
     """The server for this driver's job on this (the embedded head's) node, importing
-    ``modules`` after PRELOAD; None where it cannot start (the trials' processes then start as
-    Ray starts them)."""
+    ``modules`` after PRELOAD in the job's environment (``job_env``: its runtime environment's
+    variables, which modules such as Ray Data's read as they import); None where it cannot
+    start (the trials' processes then start as Ray starts them)."""
     try:
         import ray
 
-        env = dict(os.environ, RAY_JOB_ID=ray.get_runtime_context().get_job_id(),
+        env = dict(os.environ, **job_env, RAY_JOB_ID=ray.get_runtime_context().get_job_id(),
                    RAY_RAYLET_PID=str(raylet_pid()), **{PARENT: str(os.getpid())})
         # -P: the command's folder is not on its path (a user's requests.py would shadow the
         # library's in every child).
@@ -122,9 +126,10 @@ def start_server(path: str, modules: tuple[str, ...]) -> subprocess.Popen | None
 
 
 @contextmanager
-def serving(path: str | None, modules: tuple[str, ...]) -> Iterator[subprocess.Popen | None]:
+def serving(path: str | None, modules: tuple[str, ...], job_env: dict[str, str] | None = None) \
+        -> Iterator[subprocess.Popen | None]:
     """A server at ``path`` (None: none) for the block, Ray up (the job's id is its)."""
-    server = start_server(path, modules) if path else None
+    server = start_server(path, modules, job_env or {}) if path else None
     try:
         yield server
     finally:

@@ -20,6 +20,7 @@ import array
 import atexit
 import contextlib
 import ctypes
+import functools
 import importlib
 import json
 import math
@@ -54,20 +55,44 @@ def same_user(conn: socket.socket) -> bool:
     return struct.unpack("3i", creds)[1] == os.getuid()
 
 
+@contextlib.contextmanager
+def actor_class_ids_from_urandom():
+    """Ray Data's and Ray Train's modules declare actor classes as they import, and each
+    declaration draws an ActorClassID from Ray's C++ generator, which seeds it: every child
+    would then draw its siblings' IDs (ids_differ_in_children). Drawn from os.urandom while
+    the modules import, the generator stays unseeded; each child seeds its own at its first
+    draw, as a new process does."""
+    import ray.actor
+
+    real = ray.actor.ActorClassID
+
+    class FromUrandom:
+        @staticmethod
+        def from_random():
+            return real(os.urandom(real.size()))
+
+    ray.actor.ActorClassID = FromUrandom
+    try:
+        yield
+    finally:
+        ray.actor.ActorClassID = real
+
+
 def preload(names: list[str]) -> None:
     for name in names:
         module, _, function = name.partition(":")
         try:
             imported = importlib.import_module(module)
-            if function:
-                getattr(imported, function)()
+            if function:  # module:attribute.path, called
+                functools.reduce(getattr, function.split("."), imported)()
         except Exception as exc:  # noqa: BLE001  (a child imports it itself, and says why)
             print(f"fork server: could not import {name}: {exc}", file=sys.stderr, flush=True)
 
 
 def ids_differ_in_children() -> bool:
     """Two children forked now make different random Ray IDs. Ray's C++ side draws them from
-    one generator, seeded at its first use: had an import used it here (Ray Data's does), every
+    one generator, seeded at its first use: had an import used it here (Ray Data's would, but
+for actor_class_ids_from_urandom), every
     child would make the same task and object IDs as its siblings, and a process that takes
     calls from two of them (Ray Train's controller) would mix them up or abort."""
     seen = []
@@ -193,8 +218,8 @@ def serve(server: socket.socket, conn: socket.socket) -> None:
 def main() -> None:
     end_with_parent()
     path = sys.argv[1]
-    preload(sys.argv[2:])
-    import ray  # noqa: F401  (after the modules: a preload's failure says so, the rest serves)
+    with actor_class_ids_from_urandom():
+        preload(sys.argv[2:])
 
     if not ids_differ_in_children():
         print("fork server: not serving: an import seeded Ray's ID generator (children would "
