@@ -29,7 +29,7 @@ class Backend:
     # Imported by each worker's process as it starts (orchestrator/worker/warm.py)
     warm_imports: tuple[str, ...] = ()
     # Imported by a sweep's fork server (orchestrator/ray_internals/fork_server/): the
-    # framework, none of Ray's modules, and nothing that starts threads at import.
+    # framework and Ray Train's side of it, nothing that starts threads at import.
     fork_imports: tuple[str, ...] = ()
 
     def ray_config(self, hang_timeout_s: float, use_gpu: bool):

@@ -111,8 +111,8 @@ def start_server(path: str, modules: tuple[str, ...], job_env: dict[str, str]) \
     try:
         import ray
 
-        env = dict(os.environ, **job_env, RAY_JOB_ID=ray.get_runtime_context().get_job_id(),
-                   RAY_RAYLET_PID=str(raylet_pid()), **{PARENT: str(os.getpid())})
+        env = {**os.environ, **job_env, "RAY_JOB_ID": ray.get_runtime_context().get_job_id(),
+               "RAY_RAYLET_PID": str(raylet_pid()), PARENT: str(os.getpid())}
         # -P: the command's folder is not on its path (a user's requests.py would shadow the
         # library's in every child).
         return subprocess.Popen([sys.executable, "-P", str(SERVER), path, *PRELOAD, *modules],

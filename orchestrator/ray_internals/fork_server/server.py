@@ -58,10 +58,10 @@ def same_user(conn: socket.socket) -> bool:
 @contextlib.contextmanager
 def actor_class_ids_from_urandom():
     """Ray Data's and Ray Train's modules declare actor classes as they import, and each
-    declaration draws an ActorClassID from Ray's C++ generator, which seeds it: every child
-    would then draw its siblings' IDs (ids_differ_in_children). Drawn from os.urandom while
-    the modules import, the generator stays unseeded; each child seeds its own at its first
-    draw, as a new process does."""
+    declaration draws an ActorClassID from Ray's C++ generator, which seeds it (and its pool):
+    every child would then draw its siblings' IDs (ids_differ_in_children). Drawn from
+    os.urandom while the modules import, nothing is seeded; each child seeds its own at its
+    first draw, as a new process does."""
     import ray.actor
 
     real = ray.actor.ActorClassID
@@ -90,10 +90,10 @@ def preload(names: list[str]) -> None:
 
 
 def ids_differ_in_children() -> bool:
-    """Two children forked now make different random Ray IDs. Ray's C++ side draws them from
-    one generator, seeded at its first use: had an import used it here (Ray Data's would, but
-for actor_class_ids_from_urandom), every
-    child would make the same task and object IDs as its siblings, and a process that takes
+    """Two children forked now make different random Ray IDs. Ray's C++ side draws them from a
+    generator per thread, seeded at its first draw from a pool the process shares: had an
+    import drawn one here (Ray Data's would, but for actor_class_ids_from_urandom), every child
+    would make the same worker, task and object IDs as its siblings, and a process that takes
     calls from two of them (Ray Train's controller) would mix them up or abort."""
     seen = []
     for _ in range(2):
@@ -168,7 +168,10 @@ def run_child(request: dict, fds: list[int]) -> None:
 
         traceback.print_exc()
     finally:
-        # What the interpreter's exit would run: Ray's worker shuts down in an atexit handler.
+        # What the interpreter's exit would run: its other threads joined (a checkpoint's
+        # upload), then the exit handlers (Ray's worker shuts down in one).
+        with contextlib.suppress(Exception):
+            threading._shutdown()
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
