@@ -22,10 +22,12 @@ samples/s on 2 cores, two threads a worker where each has one CPU).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import math
 import os
+from collections.abc import Iterable
 
 from orchestrator.ray_internals.knobs import SETUP_HOOK
 
@@ -37,15 +39,27 @@ log = logging.getLogger(__name__)
 
 
 def import_modules() -> None:
+    threads_for_cpus()
+    import_ahead(filter(None, os.environ.get(WARM_IMPORTS, "").split(",")))
+
+
+def threads_for_cpus() -> str | None:
+    """OMP_NUM_THREADS as Ray would set it for this worker's CPUs (the node's own value first),
+    set now; None where neither says."""
     cpus = os.environ.get(WORKER_CPUS)
     if cpus and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(math.floor(float(cpus)), 1))
-    for name in filter(None, os.environ.get(WARM_IMPORTS, "").split(",")):
+    return os.environ.get("OMP_NUM_THREADS")
+
+
+def import_ahead(names: Iterable[str]) -> None:
+    """Import each module; ``module:attribute.path`` calls that attribute once imported."""
+    for name in names:
         module, _, function = name.partition(":")
         try:
             imported = importlib.import_module(module)
-            if function:  # module:function, called once imported
-                getattr(imported, function)()
+            if function:
+                functools.reduce(getattr, function.split("."), imported)()
         except Exception as exc:  # never the worker's failure: its own import says it clearly
             log.warning("could not import %s ahead: %s", name, exc)
 

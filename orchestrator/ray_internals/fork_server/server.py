@@ -20,10 +20,7 @@ import array
 import atexit
 import contextlib
 import ctypes
-import functools
-import importlib
 import json
-import math
 import os
 import runpy
 import signal
@@ -32,8 +29,7 @@ import struct
 import sys
 import threading
 
-WORKER_CPUS = "ORCHESTRATOR_WORKER_CPUS"  # orchestrator/worker/warm.py's
-
+from orchestrator.worker.warm import import_ahead, threads_for_cpus
 
 PARENT = "ORCHESTRATOR_FORK_PARENT"  # fork_server/__init__.py's
 OPEN: set[socket.socket] = set()  # the clients served, whose workers live: not a child's
@@ -78,17 +74,6 @@ def actor_class_ids_from_urandom():
         ray.actor.ActorClassID = real
 
 
-def preload(names: list[str]) -> None:
-    for name in names:
-        module, _, function = name.partition(":")
-        try:
-            imported = importlib.import_module(module)
-            if function:  # module:attribute.path, called
-                functools.reduce(getattr, function.split("."), imported)()
-        except Exception as exc:  # noqa: BLE001  (a child imports it itself, and says why)
-            print(f"fork server: could not import {name}: {exc}", file=sys.stderr, flush=True)
-
-
 def ids_differ_in_children() -> bool:
     """Two children forked now make different random Ray IDs. Ray's C++ side draws them from a
     generator per thread, seeded at its first draw from a pool the process shares: had an
@@ -128,11 +113,7 @@ def threads_as_asked() -> None:
     """torch sized its thread pool from the server's environment: size it from the child's, as
     the worker's own import would have (OMP_NUM_THREADS, else its CPUs, as warm.py sets)."""
     torch = sys.modules.get("torch")
-    wanted = os.environ.get("OMP_NUM_THREADS")
-    cpus = os.environ.get(WORKER_CPUS)
-    if not wanted and cpus:
-        wanted = str(max(math.floor(float(cpus)), 1))
-        os.environ["OMP_NUM_THREADS"] = wanted
+    wanted = threads_for_cpus()
     if torch is not None and wanted and wanted.isdigit():
         torch.set_num_threads(int(wanted))
 
@@ -222,7 +203,7 @@ def main() -> None:
     end_with_parent()
     path = sys.argv[1]
     with actor_class_ids_from_urandom():
-        preload(sys.argv[2:])
+        import_ahead(sys.argv[2:])
 
     if not ids_differ_in_children():
         print("fork server: not serving: an import seeded Ray's ID generator (children would "
