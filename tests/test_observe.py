@@ -193,6 +193,15 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
         dashboard = re.search(r"Ray dashboard: (http://127\.0\.0\.1:\d+)", text).group(1)
 
         # The dashboard answers on loopback with the token it names, and on no other address.
+        # (It starts beside the run, at the workers' priority: it may come up after the first
+        # checkpoint.)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", dash), timeout=5).close()
+                break
+            except OSError:
+                time.sleep(0.2)
         if token_headers():
             assert "ray get-auth-token" in text
             assert http_status(f"{dashboard}/api/version", token_headers()) == 200

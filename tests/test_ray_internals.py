@@ -504,7 +504,8 @@ def test_a_thread_closed_to_rays_process_starts_starts_none_and_others_still_do(
     """A command that abandons the Ray it was starting in a thread closes that thread to
     Ray's process starts before it kills the tree: the thread's next start raises instead of
     leaving a process the kill did not see; every other thread still starts Ray's processes.
-    ray.init starts each of its processes through the function this replaces."""
+    ray.init starts each of its processes through the function this replaces. A thread that
+    asks for lower-priority starts gets them; the others' are unchanged."""
     import threading
 
     from ray._private import node as ray_node
@@ -538,6 +539,24 @@ def test_a_thread_closed_to_rays_process_starts_starts_none_and_others_still_do(
     assert seen == {"closed": "refused", "its helper": "refused"}
     started = services.start_ray_process(["true"], "test", fate_share=False)
     assert started.process.wait(timeout=30) == 0
+
+    def lowered() -> None:  # a thread that asked for its starts to run 3 nice levels lower
+        process_starts.lower_priority_of_starts(3)
+        info = services.start_ray_process(["sleep", "30"], "test", fate_share=False)
+        seen["lowered"] = os.getpriority(os.PRIO_PROCESS, info.process.pid) - os.getpriority(
+            os.PRIO_PROCESS, 0)
+        info.process.kill()
+        info.process.wait()
+
+    thread = threading.Thread(target=lowered)
+    thread.start()
+    thread.join()
+    same = services.start_ray_process(["sleep", "30"], "test", fate_share=False)
+    seen["this thread's"] = os.getpriority(os.PRIO_PROCESS, same.process.pid) - os.getpriority(
+        os.PRIO_PROCESS, 0)
+    same.process.kill()
+    same.process.wait()
+    assert seen["lowered"] == 3 and seen["this thread's"] == 0, seen
 
 
 def test_the_workers_environment_imports_ahead_with_the_threads_ray_would_give(monkeypatch):
@@ -749,10 +768,21 @@ def test_a_runs_group_starts_in_processes_asked_for_with_the_environments_the_ho
 
 
 DASHBOARD_BESIDE_RAYLET_CHECK = r"""
-import json, re, sys, time, urllib.error, urllib.request
+import json, logging, os, re, sys, threading, time, urllib.error, urllib.request
 import ray
-from ray._private import node as ray_node, ray_constants
+from ray._private import node as ray_node, ray_constants, services
 from orchestrator.ray_internals import head_start
+
+class Told(logging.Handler):
+    def emit(self, record):
+        seen.setdefault("warnings", []).append(record.getMessage())
+
+logging.getLogger("orchestrator").addHandler(Told())
+if sys.argv[2] == "fail":  # the dashboard's own start fails, as Ray reports it
+    start_api_server = services.start_api_server
+    def failing(*args, **kwargs):
+        raise RuntimeError("Failed to start the dashboard, return code 1\nThe last 20 lines ...")
+    services.start_api_server = failing
 
 seen = {}
 start_raylet = ray_node.Node.start_raylet
@@ -769,6 +799,14 @@ with head_start.embedded_head(log_monitor=False, monitor=False):
     context = ray.init(address="local", num_cpus=1, include_dashboard=True,
                        dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False)
 node = ray._private.worker._global_node
+start = node._orchestrator_dashboard_start
+seen["task"] = ray.get(ray.remote(lambda: "ran").remote())  # the cluster serves, whatever its dashboard does
+if sys.argv[2] == "fail":
+    start.published.wait(60)
+    ray.shutdown()
+    print(json.dumps(seen))
+    sys.exit(0)
+start.published.wait(120)
 dashboard = node.all_processes[ray_constants.PROCESS_TYPE_DASHBOARD][0].process
 raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
 seen["started"] = sorted(node.all_processes)
@@ -784,28 +822,54 @@ while "http" not in seen and time.monotonic() < deadline:
         seen["http"] = exc.code
     except OSError:
         time.sleep(0.1)
+ours = os.getpriority(os.PRIO_PROCESS, 0)
+modules, parents = [], [dashboard.pid]
+while parents:  # every process under the dashboard (its modules start through a fork server)
+    pid = parents.pop()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        children = [int(c) for c in open(f"/proc/{pid}/task/{task}/children").read().split()]
+        modules += children
+        parents += children
+seen["niceness_over_ours"] = sorted({os.getpriority(os.PRIO_PROCESS, int(p)) - ours
+                                     for p in [dashboard.pid, *modules]})
+seen["modules"] = len(modules)
 ray.shutdown()
 seen["dashboard_ended_with_ray"] = dashboard.poll() is not None
 print(json.dumps(seen))
 """
 
 
-def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_address():
-    """head_start.py: the raylet starts while the dashboard is still starting, with the
-    address the dashboard then publishes (the one ray.init returns, handed to its workers);
-    the dashboard outlives the thread that started it, answers there, and ends with Ray. No
-    log monitor or autoscaler monitor was asked for, and neither started."""
+def dashboard_check(outcome: str) -> dict:
     import subprocess
     import sys
 
     from scripts.local_cluster import free_port, node_env
 
     port = free_port()
-    done = subprocess.run([sys.executable, "-c", DASHBOARD_BESIDE_RAYLET_CHECK, str(port)],
+    done = subprocess.run([sys.executable, "-c", DASHBOARD_BESIDE_RAYLET_CHECK, str(port), outcome],
                           capture_output=True, text=True, env=node_env(), timeout=300,
                           cwd=Path(__file__).parent.parent)
     assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1]) | {"port": port}
+
+
+def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_address():
+    """head_start.py: the raylet starts while the dashboard is still starting, with the
+    address the dashboard then publishes (the one ray.init returns, handed to its workers);
+    the dashboard, and each of its module processes, runs 15 nice levels below the command;
+    it outlives the thread that started it, answers there, and ends with Ray. No log monitor
+    or autoscaler monitor was asked for, and neither started. A dashboard whose start fails
+    is one warning line, and the cluster runs tasks all the same (ray.init does not wait for
+    the dashboard, nor fail with it); a command's own shutdown is not such a failure."""
+    failed = dashboard_check("fail")
+    assert failed["task"] == "ran", failed
+    assert failed["warnings"] == ["the Ray dashboard did not start (RuntimeError: Failed to "
+                                  "start the dashboard, return code 1); the run goes on "
+                                  "without it"], failed
+    seen = dashboard_check("start")
+    port = seen["port"]
+    assert seen["task"] == "ran" and "warnings" not in seen, seen
+    assert seen["niceness_over_ours"] == [15] and seen["modules"] >= 5, seen
     assert seen["published_at_raylet_start"] is None, seen
     assert seen["url"] == f"127.0.0.1:{port}" and seen["raylet_webui"] == [f"127.0.0.1:{port}"]
     assert seen["http"] in (200, 401) and seen["dashboard_ended_with_ray"], seen

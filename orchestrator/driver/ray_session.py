@@ -29,7 +29,7 @@ from orchestrator.ray_internals.cluster import (
     token_location,
     use_token_auth_if_available,
 )
-from orchestrator.ray_internals.head_start import embedded_head
+from orchestrator.ray_internals.head_start import embedded_head, stopping
 from orchestrator.ray_internals.knobs import EMBEDDED_SYSTEM_CONFIG
 from orchestrator.ray_internals.process_starts import close_starts
 
@@ -163,6 +163,7 @@ class RaySession:
             if self._start_error is None:
                 self.__exit__(None, None, None)
         else:
+            stopping()
             close_starts(self._thread)  # the start thread's next process would outlive the kill
             kill_descendants()
         self._closed.set()
@@ -250,6 +251,7 @@ class RaySession:
         with DeferredInterrupt() as guard:
             ours = [] if self.joined else descendants(os.getpid())
             if not self.joined:
+                stopping()
                 stop_autoscaler_monitor()
             ray.shutdown()
             if not self.joined:  # and what was started meanwhile, orphaned to us since

@@ -20,8 +20,9 @@
   actor table, the idle processes of a job);
 - process_starts.py: Ray's own process starts, closed to a thread whose Ray a command abandoned;
 - head_start.py: an embedded head's dashboard started beside its raylet (Ray's node starts
-  them in turn), with the address the command chose for it; its log monitor left out where
-  nothing reads it, its autoscaler monitor where nothing can be autoscaled;
+  them in turn), with the address the command chose for it, at Ray's workers' priority and
+  not waited for; its log monitor left out where nothing reads it, its autoscaler monitor
+  where nothing can be autoscaled;
 - preemption_watch.py: Ray Train's preemption watcher, run as a thread of its controller
   instead of an actor process per worker group;
 - controller_barrier.py (and barrier_handle.py, what the workers hold): Ray Train's

@@ -1,6 +1,7 @@
 """How ray.init starts a head the command starts itself (an embedded cluster): its dashboard
-beside its raylet instead of before it, no log monitor where nothing reads what it sends, and
-no autoscaler monitor where nothing can be autoscaled.
+beside its raylet instead of before it, at a lower priority, and not waited for; no log
+monitor where nothing reads what it sends, and no autoscaler monitor where nothing can be
+autoscaled.
 
 ray.init starts a head's processes in turn: the GCS, the autoscaler monitor, the dashboard,
 then the log monitor and the raylet, and it waits for the dashboard to publish its address
@@ -8,10 +9,18 @@ before it starts the raylet (~1.8 s of imports and module processes on 2 cores),
 raylet to register (~1 s: it waits for its dashboard agent). The raylet needs nothing of the
 dashboard but that address, which it hands to the workers it starts; where the command chose
 the dashboard's host and port, the address is known before the dashboard starts. So the
-dashboard starts in a thread, the raylet starts at once with that address, and ray.init still
-returns only once the dashboard has published it (or raises as Ray would where it did not).
-Ray asks the kernel to kill a process when the thread that started it ends
-(PR_SET_PDEATHSIG), so the thread that started the dashboard lives as long as its process.
+dashboard starts in a thread and the raylet starts at once with that address. Ray asks the
+kernel to kill a process when the thread that started it ends (PR_SET_PDEATHSIG), so the
+thread that started the dashboard lives as long as its process.
+
+The dashboard runs 15 nice levels below the command, as Ray runs its workers, and ray.init
+does not wait for it: it waited ~3.4 s for the dashboard to publish its address (measured
+2026-11-28 on 2 cores), and at Ray's usual priority the dashboard's start (~2.8 CPU-s: its
+imports, a fork server and nine module processes, which inherit its niceness) took CPU from
+the driver's start and from the workers (nice 15) all the while. The dashboard now answers a
+few seconds after the run began. A dashboard that does not start is a warning, not the run's
+end; one stopped by the command's own shutdown says nothing. (Its process is reniced as it
+starts, before its imports: process_starts.lower_priority_of_starts.)
 
 The log monitor sends the workers' output to drivers that ask for it (ray.init's
 log_to_driver); a command that does not (log.ray_verbose=false) need not start it
@@ -29,18 +38,22 @@ import contextlib
 import functools
 import logging
 import threading
+import weakref
 
 from ray._common.network_utils import build_address
 from ray._private import node as ray_node
 from ray._private import ray_constants
 
-from orchestrator.ray_internals.process_starts import thread_for
+from orchestrator.ray_internals.process_starts import lower_priority_of_starts, thread_for
 
 log = logging.getLogger("orchestrator")
 
 _ray_start_api_server = ray_node.Node.start_api_server
 _ray_node_init = ray_node.Node.__init__
 _enabled = threading.local()
+# Ray runs its workers 15 nice levels down (its worker_niceness), so that its own processes
+# stay responsive; the dashboard goes there too: it must not take the training's CPU.
+DASHBOARD_NICENESS = 15
 
 
 class _DashboardStart:
@@ -51,15 +64,31 @@ class _DashboardStart:
         self.options = options
         self.published = threading.Event()
         self.error: BaseException | None = None
+        self.stopping = False  # the command is stopping this Ray: a failure is not news
+        _starts.add(self)
 
     def run(self) -> None:
+        lower_priority_of_starts(DASHBOARD_NICENESS)
         try:
             _ray_start_api_server(self.node, **self.options)
-        except BaseException as exc:  # noqa: BLE001  (raised by the Node's __init__)
+        except BaseException as exc:  # noqa: BLE001  (Ray's own messages: many lines)
             self.error = exc
+            if not self.stopping:
+                first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+                log.warning("the Ray dashboard did not start (%s: %s); the run goes on without "
+                            "it", type(exc).__name__, first[:200])
         self.published.set()
         for info in self.node.all_processes.get(ray_constants.PROCESS_TYPE_DASHBOARD, []):
             info.process.wait()  # this thread's end would kill the dashboard
+
+
+_starts: weakref.WeakSet[_DashboardStart] = weakref.WeakSet()
+
+
+def stopping() -> None:
+    """The command stops the Ray it started: a dashboard still starting fails for that."""
+    for start in list(_starts):
+        start.stopping = True
 
 
 @functools.wraps(_ray_start_api_server)
@@ -82,13 +111,6 @@ def _node_init(self: ray_node.Node, ray_params, *args, **kwargs):
     if getattr(_enabled, "on", False) and not _enabled.monitor:
         ray_params.no_monitor = True
     _ray_node_init(self, ray_params, *args, **kwargs)
-    start: _DashboardStart | None = getattr(self, "_orchestrator_dashboard_start", None)
-    if start is None:
-        return
-    start.published.wait()
-    if start.error is not None:
-        raise start.error
-    log.debug("dashboard published %s", self._webui_url)
 
 
 @contextlib.contextmanager

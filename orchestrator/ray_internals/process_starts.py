@@ -9,11 +9,14 @@ through ``ray._private.services.start_ray_process`` (the GCS, the raylet, the da
 monitors); closing a thread to it, under the lock every start holds, means that once
 ``close_starts`` returns, each process that thread ever starts is already running, so the
 caller's kill of the process tree finds them all. A thread a closed one started on its behalf
-(``thread_for``: the dashboard's start, head_start.py) is closed with it.
+(``thread_for``: the dashboard's start, head_start.py) is closed with it. A thread may also
+ask for the processes it starts to run at a lower priority (``lower_priority_of_starts``: the
+dashboard's), set as each starts, before its imports, so that what it starts inherits it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 
@@ -23,6 +26,7 @@ _lock = threading.Lock()
 _closed: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _owners: weakref.WeakKeyDictionary[threading.Thread, threading.Thread] = weakref.WeakKeyDictionary()
 _ray_start_process = services.start_ray_process
+_here = threading.local()
 
 
 class StartsClosed(RuntimeError):
@@ -34,7 +38,16 @@ def _start_ray_process(*args, **kwargs):
         here = threading.current_thread()
         if here in _closed or _owners.get(here) in _closed:
             raise StartsClosed("the command abandoned the Ray this thread was starting")
-        return _ray_start_process(*args, **kwargs)
+        info = _ray_start_process(*args, **kwargs)
+    levels = getattr(_here, "nicer", 0)
+    if levels:
+        os.setpriority(os.PRIO_PROCESS, info.process.pid, os.getpriority(os.PRIO_PROCESS, 0) + levels)
+    return info
+
+
+def lower_priority_of_starts(levels: int) -> None:
+    """Ray's processes this thread starts from now on run ``levels`` nice levels below it."""
+    _here.nicer = levels
 
 
 def close_starts(thread: threading.Thread) -> None:
