@@ -778,9 +778,10 @@ class Told(logging.Handler):
         seen.setdefault("warnings", []).append(record.getMessage())
 
 logging.getLogger("orchestrator").addHandler(Told())
-if sys.argv[2] == "fail":  # the dashboard's own start fails, as Ray reports it
-    start_api_server = services.start_api_server
+release = threading.Event()
+if sys.argv[2] in ("fail", "stop"):  # the dashboard's start fails, as Ray reports it, once released
     def failing(*args, **kwargs):
+        release.wait(120)
         raise RuntimeError("Failed to start the dashboard, return code 1\nThe last 20 lines ...")
     services.start_api_server = failing
 
@@ -800,8 +801,12 @@ with head_start.embedded_head(log_monitor=False, monitor=False):
                        dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False)
 node = ray._private.worker._global_node
 start = node._orchestrator_dashboard_start
+seen["init_returned_while_held"] = not release.is_set() and not start.published.is_set()
 seen["task"] = ray.get(ray.remote(lambda: "ran").remote())  # the cluster serves, whatever its dashboard does
-if sys.argv[2] == "fail":
+if sys.argv[2] in ("fail", "stop"):
+    if sys.argv[2] == "stop":
+        head_start.stopping()  # what the command's own shutdown says first
+    release.set()
     start.published.wait(60)
     ray.shutdown()
     print(json.dumps(seen))
@@ -827,7 +832,10 @@ modules, parents = [], [dashboard.pid]
 while parents:  # every process under the dashboard (its modules start through a fork server)
     pid = parents.pop()
     for task in os.listdir(f"/proc/{pid}/task"):
-        children = [int(c) for c in open(f"/proc/{pid}/task/{task}/children").read().split()]
+        try:
+            children = [int(c) for c in open(f"/proc/{pid}/task/{task}/children").read().split()]
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
         modules += children
         parents += children
 seen["niceness_over_ours"] = sorted({os.getpriority(os.PRIO_PROCESS, int(p)) - ours
@@ -861,11 +869,13 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
     or autoscaler monitor was asked for, and neither started. A dashboard whose start fails
     is one warning line, and the cluster runs tasks all the same (ray.init does not wait for
     the dashboard, nor fail with it); a command's own shutdown is not such a failure."""
-    failed = dashboard_check("fail")
-    assert failed["task"] == "ran", failed
+    failed = dashboard_check("fail")  # its start held until the cluster ran a task
+    assert failed["init_returned_while_held"] and failed["task"] == "ran", failed
     assert failed["warnings"] == ["the Ray dashboard did not start (RuntimeError: Failed to "
                                   "start the dashboard, return code 1); the run goes on "
                                   "without it"], failed
+    stopped = dashboard_check("stop")
+    assert stopped["init_returned_while_held"] and "warnings" not in stopped, stopped
     seen = dashboard_check("start")
     port = seen["port"]
     assert seen["task"] == "ran" and "warnings" not in seen, seen

@@ -220,6 +220,7 @@ class RaySession:
                         **quiet,
                     )
             except BaseException:
+                stopping()  # a dashboard still starting fails with this Ray: not news
                 adopt_orphans(False)  # no session to close: this process adopts no more
                 raise
         url = getattr(context, "dashboard_url", None)

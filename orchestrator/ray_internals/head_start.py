@@ -14,13 +14,16 @@ kernel to kill a process when the thread that started it ends (PR_SET_PDEATHSIG)
 thread that started the dashboard lives as long as its process.
 
 The dashboard runs 15 nice levels below the command, as Ray runs its workers, and ray.init
-does not wait for it: it waited ~3.4 s for the dashboard to publish its address (measured
-2026-11-28 on 2 cores), and at Ray's usual priority the dashboard's start (~2.8 CPU-s: its
+does not wait for it: it waited ~3.4 s for the dashboard to publish its address (2026-11-28,
+ray.init's steps timed in one default command on 2 cores), and at Ray's usual priority the dashboard's start (~2.8 CPU-s: its
 imports, a fork server and nine module processes, which inherit its niceness) took CPU from
 the driver's start and from the workers (nice 15) all the while. The dashboard now answers a
 few seconds after the run began. A dashboard that does not start is a warning, not the run's
-end; one stopped by the command's own shutdown says nothing. (Its process is reniced as it
-starts, before its imports: process_starts.lower_priority_of_starts.)
+end (Ray's own error lines about it still print); one stopped by the command's own shutdown
+says nothing. (Its process is reniced within milliseconds of its start, before it starts its
+module processes: process_starts.lower_priority_of_starts.) `python scripts/bench.py
+fixed_cost --repeats 4` against the tree before: 11.52 vs 12.33 s to exit, 9.98 vs 10.84 s to
+the first step (results/2026-11-28-fixed_cost-dashboard-nice.json).
 
 The log monitor sends the workers' output to drivers that ask for it (ray.init's
 log_to_driver); a command that does not (log.ray_verbose=false) need not start it
