@@ -230,17 +230,14 @@ class RaySession:
         return self
 
     def start(self, **kwargs):
-        """ray.init, whose own failures (seen: the dashboard's packages missing on a machine)
-        are tracebacks of many lines: one line instead, exit code 2."""
+        """ray.init, whose own failures are tracebacks of many lines: one line instead, exit
+        code 2. (The dashboard's are not among them: ray.init does not wait for it, and a
+        dashboard that fails is a warning, orchestrator/ray_internals/head_start.py.)"""
         try:
             return ray.init(**kwargs)
         except Exception as exc:
             text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:200]
-            hint = ""
-            if kwargs.get("include_dashboard"):
-                hint = ("; the dashboard needs ray[default]'s packages: install them, or set "
-                        "cluster.dashboard=false")
-            raise ConfigError(f"cluster: Ray did not start ({type(exc).__name__}: {text}){hint}") from None
+            raise ConfigError(f"cluster: Ray did not start ({type(exc).__name__}: {text})") from None
 
     def __exit__(self, *exc) -> None:
         if self.reused or self.keep_open:
