@@ -11,7 +11,8 @@ monitors); closing a thread to it, under the lock every start holds, means that 
 caller's kill of the process tree finds them all. A thread a closed one started on its behalf
 (``thread_for``: the dashboard's start, head_start.py) is closed with it. A thread may also
 ask for the processes it starts to run at a lower priority (``lower_priority_of_starts``: the
-dashboard's), set as each starts, before its imports, so that what it starts inherits it.
+dashboard's), set within milliseconds of each start, before the process starts any of its
+own, which inherit it.
 """
 
 from __future__ import annotations
