@@ -23,8 +23,11 @@ few seconds after the run began. A dashboard that does not start is a warning, n
 end (Ray's own error lines about it still print); one stopped by the command's own shutdown
 says nothing. (Its process is reniced within milliseconds of its start, before it starts its
 module processes: process_starts.lower_priority_of_starts.) `python scripts/bench.py
-fixed_cost --repeats 4` against the tree before: 11.52 vs 12.33 s to exit, 9.98 vs 10.84 s to
-the first step (results/2026-11-28-fixed_cost-dashboard-nice.json).
+fixed_cost --repeats 4` against the tree before, twice: 11.52 vs 12.33 s to exit, then 10.75
+vs 10.53 s an hour later (results/2026-11-28-fixed_cost-dashboard-nice.json, -2.json): on 2
+cores the command is CPU-bound, and this reorders the dashboard's CPU more than it removes it;
+no wall-time gain is established. What it surely gives: ray.init ~1.1 s sooner, a dashboard
+that never outranks the training, and a run that outlives a dashboard that failed.
 
 The log monitor sends the workers' output to drivers that ask for it (ray.init's
 log_to_driver); a command that does not (log.ray_verbose=false) need not start it
