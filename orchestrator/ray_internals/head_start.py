@@ -69,8 +69,7 @@ class _DashboardStart:
     def __init__(self, node: ray_node.Node, options: dict):
         self.node = node
         self.options = options
-        self.published = threading.Event()
-        self.error: BaseException | None = None
+        self.published = threading.Event()  # its start ended: published, or failed
         self.stopping = False  # the command is stopping this Ray: a failure is not news
         _starts.add(self)
 
@@ -79,7 +78,6 @@ class _DashboardStart:
         try:
             _ray_start_api_server(self.node, **self.options)
         except BaseException as exc:  # noqa: BLE001  (Ray's own messages: many lines)
-            self.error = exc
             if not self.stopping:
                 first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
                 log.warning("the Ray dashboard did not start (%s: %s); the run goes on without "
