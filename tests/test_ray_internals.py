@@ -818,6 +818,10 @@ seen["started"] = sorted(node.all_processes)
 seen["url"] = context.dashboard_url
 # what the raylet hands the workers it starts (inside its worker command)
 seen["raylet_webui"] = re.findall(r"--webui=(\S+)", open(f"/proc/{raylet.pid}/cmdline").read())
+# the dashboard agent runs in full (packages found), which the driver learnt without importing
+seen["agent_minimal"] = "--minimal" in open(f"/proc/{raylet.pid}/cmdline").read()
+seen["dashboard_packages_imported"] = sorted(
+    m for m in ("aiohttp", "aiohttp_cors", "opencensus", "prometheus_client") if m in sys.modules)
 deadline = time.monotonic() + 60
 while "http" not in seen and time.monotonic() < deadline:
     try:
@@ -861,6 +865,32 @@ def dashboard_check(outcome: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1]) | {"port": port}
 
 
+def test_the_dashboards_packages_are_found_as_rays_import_would_find_them(monkeypatch):
+    """dashboard_packages.py: Ray's node asks whether the dashboard's packages are installed
+    through this module's answer, which looks up the modules Ray's own check imports: none
+    missing here (as Ray's import says), and one not installed is named."""
+    import subprocess
+    import sys
+
+    from ray._private import utils as ray_utils
+
+    from orchestrator.ray_internals import dashboard_packages
+
+    assert dashboard_packages.installed()
+    listed = dashboard_packages.listed_modules()
+    assert {"aiohttp", "aiohttp.web", "grpc", "prometheus_client", "pydantic"} <= set(listed)
+    rays = subprocess.run([sys.executable, "-c", "import ray.dashboard.optional_deps"],
+                          capture_output=True, text=True, timeout=120)
+    assert rays.returncode == 0, rays.stderr[-2000:]
+    assert ray_utils.get_dashboard_dependency_error() is None
+    assert not dashboard_packages.findable("aiohttp.no_such_module")
+    assert dashboard_packages.findable("opentelemetry.exporter.prometheus")
+    monkeypatch.setattr(dashboard_packages, "listed_modules",
+                        lambda: (*listed, "aiohttp.no_such_module", "no_such_package"))
+    error = ray_utils.get_dashboard_dependency_error()
+    assert isinstance(error, ImportError) and error.name == "aiohttp.no_such_module"
+
+
 def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_address():
     """head_start.py: the raylet starts while the dashboard is still starting, with the
     address the dashboard then publishes (the one ray.init returns, handed to its workers);
@@ -884,6 +914,7 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
     assert seen["url"] == f"127.0.0.1:{port}" and seen["raylet_webui"] == [f"127.0.0.1:{port}"]
     assert seen["http"] in (200, 401) and seen["dashboard_ended_with_ray"], seen
     assert "raylet" in seen["started"], seen
+    assert seen["agent_minimal"] is False and seen["dashboard_packages_imported"] == [], seen
     assert "log_monitor" not in seen["started"] and "monitor" not in seen["started"], seen
 
 

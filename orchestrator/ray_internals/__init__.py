@@ -23,6 +23,8 @@
   them in turn), with the address the command chose for it, at Ray's workers' priority and
   not waited for; its log monitor left out where nothing reads it, its autoscaler monitor
   where nothing can be autoscaled;
+- dashboard_packages.py: whether the dashboard's packages are installed, asked of the file
+  system (Ray's node imports them all, in the driver, to know);
 - preemption_watch.py: Ray Train's preemption watcher, run as a thread of its controller
   instead of an actor process per worker group;
 - controller_barrier.py (and barrier_handle.py, what the workers hold): Ray Train's
