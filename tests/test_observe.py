@@ -110,6 +110,22 @@ def test_curves_keep_one_point_per_step_across_a_restart(tmp_path):
     assert scalars["train/loss"][59][1] == pytest.approx(1 / 60)
 
 
+def test_curves_are_framed_as_tensorboards_own_writer_frames_them(tmp_path):
+    """curves.py writes TFRecord frames itself (TensorBoard's writer imports numpy and more
+    into the recorder's process): the same bytes, checksums included."""
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from orchestrator.observe.curves import crc32c, record
+
+    assert crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value
+    payloads = [b"", b"\x00", bytes(range(256)) * 5, Curves.__doc__.encode()]
+    with open(tmp_path / "theirs", "wb") as theirs:
+        writer = RecordWriter(theirs)
+        for payload in payloads:
+            writer.write(payload)
+    assert b"".join(record(p) for p in payloads) == (tmp_path / "theirs").read_bytes()
+
+
 def test_the_observing_core_imports_no_framework():
     code = ("import sys, orchestrator.driver.recorder, orchestrator.observe.curves, "
             "orchestrator.observe.metrics, orchestrator.observe.progress, orchestrator.driver.launch; "
@@ -123,10 +139,12 @@ def test_the_observing_core_imports_no_framework():
 
 def test_the_recorders_process_imports_neither_ray_train_nor_pandas():
     """The recorder's actor process starts on every run's path to its first step: what its
-    class and the metrics it exports import is all it pays (ray.train brings ray.data and
-    pandas, ~0.5 CPU-s)."""
-    code = ("import sys, orchestrator.driver.recorder, orchestrator.observe.metrics; "
-            "print(sorted(m for m in ('ray.train', 'ray.data', 'pandas') if m in sys.modules))")
+    class, the metrics it exports and the curves it writes import is all it pays (ray.train
+    brings ray.data and pandas, ~0.5 CPU-s; TensorBoard's record writer numpy, boto3 and
+    fsspec, ~0.4)."""
+    code = ("import sys, orchestrator.driver.recorder, orchestrator.observe.metrics, "
+            "orchestrator.observe.curves; print(sorted(m for m in ('ray.train', 'ray.data', "
+            "'pandas', 'numpy', 'boto3', 'fsspec') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
