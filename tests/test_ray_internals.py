@@ -559,6 +559,58 @@ def test_a_thread_closed_to_rays_process_starts_starts_none_and_others_still_do(
     assert seen["lowered"] == 3 and seen["this thread's"] == 0, seen
 
 
+ABANDONED_MID_START = r"""
+import atexit, sys, threading
+
+@atexit.register  # before Ray's import registers its shutdown: runs after it
+def last():
+    print("connected at the end:", ray.is_initialized(), file=sys.stderr)
+
+import ray
+from ray._private import worker
+from orchestrator.cli import exit_now
+from orchestrator.config.schema import ClusterConfig
+from orchestrator.driver.ray_session import RaySession
+
+connected, killed, connect = threading.Event(), threading.Event(), worker.connect
+
+def held_after_connecting(*args, **kwargs):  # ray.init's steps after it: once Ray is killed
+    connect(*args, **kwargs)
+    connected.set()
+    if sys.argv[1] == "connecting":
+        killed.wait()
+
+worker.connect = held_after_connecting
+session = RaySession(ClusterConfig(), {}, False)
+session.start_in_background()
+assert connected.wait(120)
+if sys.argv[1] == "started":
+    assert session._started.wait(120) and session._start_error is None
+session.abandon()  # what bad input does to the session started beside the checks
+killed.set()
+exit_now(2)
+"""
+
+
+@pytest.mark.parametrize("moment", ["connecting", "started"])
+def test_a_command_that_abandons_its_embedded_ray_exits_at_once_with_its_own_code(moment):
+    """cluster.no_ray_shutdown_at_exit: the command killed the cluster it started (its input
+    was bad), so Ray's own shutdown at exit, which would wait on the dead GCS, is left out
+    (the driver is still connected when the last exit handler runs): killed while ray.init
+    was connecting, that wait could last 60 s, then Ray's GCS client ended the command with
+    exit code 1 and its own lines in place of the one error line."""
+    import subprocess
+    import sys
+
+    from scripts.local_cluster import node_env
+
+    done = subprocess.run([sys.executable, "-c", ABANDONED_MID_START, moment],
+                          capture_output=True, text=True, env=node_env(), timeout=300,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 2 and "GCS" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == ["connected at the end: True"], done.stderr
+
+
 def test_the_workers_environment_imports_ahead_with_the_threads_ray_would_give(monkeypatch):
     """orchestrator/worker/warm.py: the hook only where there is something to import and the
     job has no hook of its own; it sets OMP_NUM_THREADS as Ray would for the worker's CPUs

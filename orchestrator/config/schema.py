@@ -11,15 +11,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
-
 from orchestrator.config.rules import require, require_path_name
 from orchestrator.service.place import KEEP_ALIVE_MAX_S
 
 RESUME_MODES = ("auto", "never")
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement strategies
 PROGRESS_MODES = ("auto", "bar", "lines", "off")
+# omegaconf.MISSING, the same string: Ray Train's controller and the workers unpickle these
+# classes, and need not import Hydra and OmegaConf for it (~0.1 CPU-s a process)
+MISSING = "???"
 
 
 @dataclass
@@ -310,6 +310,8 @@ class Config:
 
 
 def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
     cs = ConfigStore.instance()
     # The groups cluster/storage/data/... are typed through the fields of Config; only the
     # trainer group, whose schema depends on the choice, registers one schema per trainer.

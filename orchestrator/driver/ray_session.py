@@ -24,6 +24,8 @@ from orchestrator.errors import ConfigError
 from orchestrator.observe.logs import quiet_ray_loggers, ray_init_kwargs
 from orchestrator.ray_internals.cluster import (
     CURRENT_CLUSTER_FILE,
+    no_ray_shutdown_at_exit,
+    ray_shutdown_at_exit,
     stop_autoscaler_monitor,
     token_auth_enabled,
     token_location,
@@ -166,6 +168,7 @@ class RaySession:
             stopping()
             close_starts(self._thread)  # the start thread's next process would outlive the kill
             kill_descendants()
+            no_ray_shutdown_at_exit()  # it would wait on the killed GCS (cluster.py)
         self._closed.set()
 
     def __enter__(self) -> RaySession:
@@ -188,6 +191,7 @@ class RaySession:
             self.dashboard_url = RaySession.dashboard_of_this_process
             return self
         quiet_ray_loggers(self.verbose)
+        ray_shutdown_at_exit()  # where a session abandoned before in this process left it out
         runtime_env = {"env_vars": self.env_vars}
         if self.py_executable:
             runtime_env["py_executable"] = self.py_executable

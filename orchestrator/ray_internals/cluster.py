@@ -6,6 +6,7 @@ installed Ray. Where one can fail without costing the run, it degrades to someth
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from pathlib import Path
@@ -66,6 +67,24 @@ def stop_autoscaler_monitor() -> None:
         if info.process.poll() is None:
             info.process.kill()
             info.process.wait(timeout=5)
+
+
+def no_ray_shutdown_at_exit() -> None:
+    """Leave out Ray's own ray.shutdown() at the interpreter's exit (registered when Ray is
+    imported). After a command killed the cluster it started, that shutdown waits on the dead
+    GCS: ~6 s, and where the kill came while ray.init was connecting, 60 s before Ray's GCS
+    client ends the process with exit code 1 and its own error lines."""
+    from ray._private import worker
+
+    atexit.unregister(worker.shutdown)
+
+
+def ray_shutdown_at_exit() -> None:
+    """Ray's own ray.shutdown() at the interpreter's exit, once (as Ray's import registers it)."""
+    from ray._private import worker
+
+    atexit.unregister(worker.shutdown)
+    atexit.register(worker.shutdown, _exiting_interpreter=True)
 
 
 def exited_ray_process() -> str | None:
