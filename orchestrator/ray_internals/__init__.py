@@ -2,7 +2,8 @@
 
 - cluster.py: Ray core's private state and token-auth helpers, its node's table of the
   processes it started (the autoscaler monitor, stopped before ray.shutdown(); a GCS or raylet
-  that exited under a service), and the file `ray start` records its address in;
+  that exited under a service), the file `ray start` records its address in, and Ray's own
+  shutdown at the interpreter's exit (left out once a command killed the cluster it started);
 - knobs.py: the names of Ray's environment variables the orchestrator sets, the deadline Ray
   Train gives a preemption notice without one, and the system
   config of a cluster a command starts itself;
