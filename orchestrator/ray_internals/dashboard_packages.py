@@ -21,8 +21,6 @@ import sys
 
 from ray._private import utils as ray_utils
 
-_ray_dependency_error = ray_utils.get_dashboard_dependency_error
-
 
 @functools.cache
 def listed_modules() -> tuple[str, ...]:
@@ -43,7 +41,9 @@ def findable(name: str) -> bool:
     """Whether ``import name`` would find a module, without importing it (nor its parents)."""
     top, *rest = name.split(".")
     module = sys.modules.get(top)
-    spec = module.__spec__ if module is not None else importlib.util.find_spec(top)
+    if module is not None and not rest:
+        return True
+    spec = getattr(module, "__spec__", None) or importlib.util.find_spec(top)
     if spec is None:
         return False
     if not rest:
