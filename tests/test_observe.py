@@ -388,6 +388,45 @@ def processes_in(folder: Path) -> list[str]:
     return found
 
 
+CTRL_C_IN_AN_IMPORT = r"""
+import os, signal, sys, threading
+from orchestrator.driver.interrupts import interrupt_after
+
+pressed = threading.Event()
+def press():  # Ctrl-C twice while the trial imports torch: the first waits, the second does not
+    pressed.wait()
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=press, daemon=True).start()
+try:
+    with interrupt_after():
+        pressed.set()
+        import torch  # noqa: F401  (pybind11 calls back into Python as it loads)
+        print("imported", hasattr(torch, "nn"), flush=True)
+except KeyboardInterrupt:
+    print("raised after the block", flush=True)
+try:
+    with interrupt_after():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a moment for the handler to run
+        print("not reached", flush=True)
+except KeyboardInterrupt:
+    print("raised at the second", flush=True)
+"""
+
+
+def test_ctrl_c_during_a_frameworks_import_is_raised_once_it_is_imported():
+    """interrupts.interrupt_after, around the trial of the user's parts: a Ctrl-C that came
+    while torch was importing aborted the command (SIGABRT from pybind11, seen in CI) instead
+    of exit 130; now it is raised once the block ends, and a second Ctrl-C at once."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_IN_AN_IMPORT], cwd=REPO,
+                          env=cli_env(), capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:3] == ["imported True", "raised after the block",
+                                            "raised at the second"], done.stdout
+
+
 def test_ctrl_c_while_ray_starts_is_one_line_and_leaves_no_process(tmp_path):
     """Ctrl-C as the embedded raylet starts its agents: the raylet stopped mid-start left its
     dashboard and runtime-env agents running, orphaned, after the command ended (and a Ctrl-C

@@ -1,4 +1,5 @@
-"""Ctrl-C on the driver once training is over: noted, never raised.
+"""Ctrl-C on the driver once training is over: noted, never raised; during the trial of the
+user's parts: raised when the trial ends (``interrupt_after``).
 
 A KeyboardInterrupt raised inside ray.shutdown() leaves an embedded cluster half stopped, and a
 Ray call made after the shutdown (a handler asking the controller to abort, say) would start
@@ -14,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 
 log = logging.getLogger("orchestrator")
 
@@ -85,3 +87,33 @@ def sigterm_as_ctrl_c() -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
     signal.signal(signal.SIGTERM, forward)
+
+
+@contextmanager
+def interrupt_after():
+    """A Ctrl-C while the block runs is raised as it ends; a second one at once. The block
+    imports a framework (the trial of the user's parts imports torch): a KeyboardInterrupt
+    raised in Python code that torch's C++ calls back through pybind11 during its import ends
+    the process with SIGABRT ("terminate called after throwing an instance of
+    'pybind11::error_already_set'"), not with the command's exit code 130. Only the main
+    thread gets signals; where Ctrl-C is ignored (a background job) it stays ignored."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (
+            signal.SIG_IGN, None):
+        yield
+        return
+    seen = []
+
+    def note(signum, frame) -> None:
+        if seen:  # pressed again: the user does not want to wait
+            signal.signal(signal.SIGINT, previous)
+            raise KeyboardInterrupt
+        seen.append(signum)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if seen:
+        raise KeyboardInterrupt

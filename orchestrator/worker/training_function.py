@@ -17,6 +17,7 @@ from orchestrator.config.messages import as_config_error
 from orchestrator.config.once import decided_once, parts_tried
 from orchestrator.config.rules import require_path_name
 from orchestrator.driver.backends import Backend, backend_named
+from orchestrator.driver.interrupts import interrupt_after
 from orchestrator.errors import ConfigError, one_line
 from orchestrator.worker_api import TrainingInfo, training_info
 
@@ -103,7 +104,7 @@ def _check_training(trainer: Mapping[str, Any], data: Mapping[str, Any] | None,
         before_trial()
     metrics = None
     if info.check is not None and not parts_tried():  # once per command (config/once.py)
-        with users_checks(path, "check"):
+        with users_checks(path, "check"), interrupt_after():  # it imports the framework
             checked = info.check({"trainer": config, "data": dict(data or {})})
         metrics = declared_metrics(checked, path)
     return Training(path, fn, info, backend, config, metrics)
