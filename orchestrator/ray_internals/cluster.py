@@ -69,22 +69,31 @@ def stop_autoscaler_monitor() -> None:
             info.process.wait(timeout=5)
 
 
+_shutdown_left_out = False
+
+
 def no_ray_shutdown_at_exit() -> None:
     """Leave out Ray's own ray.shutdown() at the interpreter's exit (registered when Ray is
     imported). After a command killed the cluster it started, that shutdown waits on the dead
     GCS: ~6 s, and where the kill came while ray.init was connecting, 60 s before Ray's GCS
     client ends the process with exit code 1 and its own error lines."""
+    global _shutdown_left_out
     from ray._private import worker
 
     atexit.unregister(worker.shutdown)
+    _shutdown_left_out = True
 
 
 def ray_shutdown_at_exit() -> None:
-    """Ray's own ray.shutdown() at the interpreter's exit, once (as Ray's import registers it)."""
+    """Ray's own ray.shutdown() at the interpreter's exit again, where it was left out (a
+    service's later session); elsewhere Ray's own registration stays as it is."""
+    global _shutdown_left_out
+    if not _shutdown_left_out:
+        return
     from ray._private import worker
 
-    atexit.unregister(worker.shutdown)
     atexit.register(worker.shutdown, _exiting_interpreter=True)
+    _shutdown_left_out = False
 
 
 def exited_ray_process() -> str | None:

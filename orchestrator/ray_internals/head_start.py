@@ -18,8 +18,7 @@ does not wait for it: it waited ~3.4 s for the dashboard to publish its address 
 ray.init's steps timed in one default command on 2 cores), and at Ray's usual priority the
 dashboard's start (~2.8 CPU-s: its imports, a fork server and nine module processes, which
 inherit its niceness) took CPU from the driver's start and from the workers (nice 15) all the
-while. The dashboard now answers a
-few seconds after the run began. A dashboard that does not start is a warning, not the run's
+while. The dashboard now answers a few seconds after the run began. A dashboard that does not start is a warning, not the run's
 end (Ray's own error lines about it still print); one stopped by the command's own shutdown
 says nothing. (Its process is reniced within milliseconds of its start, before it starts its
 module processes: process_starts.lower_priority_of_starts.) `python scripts/bench.py
