@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.ray_internals.knobs import connect_retry_env
+
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
@@ -29,6 +31,7 @@ def clean_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(connect_retry_env())  # a second less in every raylet's start
     env.update(extra or {})
     return env
 

@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.ray_internals.knobs import connect_retry_env
+
 PREFIX = "orh"
 ROOT_BASE = Path("/var/tmp/orchestrator-test-hosts")
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -88,6 +90,7 @@ def node_env(extra: dict | None = None) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     if (Path.home() / ".ray" / "auth_token").exists():
         env["RAY_AUTH_MODE"] = "token"
+    env.update(connect_retry_env())  # a second less in every raylet's start
     env.update(extra or {})
     return env
 

@@ -824,6 +824,7 @@ import json, logging, os, re, sys, threading, time, urllib.error, urllib.request
 import ray
 from ray._private import node as ray_node, ray_constants, services
 from orchestrator.ray_internals import head_start
+from orchestrator.ray_internals.knobs import CONNECT_RETRY, EMBEDDED_SYSTEM_CONFIG
 
 class Told(logging.Handler):
     def emit(self, record):
@@ -847,10 +848,24 @@ def watched(self, *args, **kwargs):
     return start_raylet(self, *args, **kwargs)
 
 ray_node.Node.start_raylet = watched
+start_processes = ray_node.Node.start_ray_processes
+
+def registered_on_return(self):
+    start_processes(self)
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+    alive = self.get_gcs_client().get_all_node_info(
+        timeout=10, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+    seen["registered_when_processes_started"] = self.node_id in [n.hex() for n in alive]
+
+ray_node.Node.start_ray_processes = registered_on_return
 port = int(sys.argv[1])
 with head_start.embedded_head(log_monitor=False, monitor=False):
     context = ray.init(address="local", num_cpus=1, include_dashboard=True,
-                       dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False)
+                       dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False,
+                       _system_config=EMBEDDED_SYSTEM_CONFIG)
+# the config every process of the cluster reads from its GCS (the raylet's store retry, knobs.py)
+config = ray._private.state.state.get_system_config()
+seen["connect_retry"] = {k: config.get(k) for k in CONNECT_RETRY}
 node = ray._private.worker._global_node
 start = node._orchestrator_dashboard_start
 seen["init_returned_while_held"] = not release.is_set() and not start.published.is_set()
@@ -907,11 +922,13 @@ def dashboard_check(outcome: str) -> dict:
     import subprocess
     import sys
 
+    from orchestrator.ray_internals.knobs import connect_retry_env
     from scripts.local_cluster import free_port, node_env
 
     port = free_port()
+    env = {k: v for k, v in node_env().items() if k not in connect_retry_env()}  # the command's
     done = subprocess.run([sys.executable, "-c", DASHBOARD_BESIDE_RAYLET_CHECK, str(port), outcome],
-                          capture_output=True, text=True, env=node_env(), timeout=300,
+                          capture_output=True, text=True, env=env, timeout=300,
                           cwd=Path(__file__).parent.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]) | {"port": port}
@@ -948,7 +965,9 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
     address the dashboard then publishes (the one ray.init returns, handed to its workers);
     the dashboard, and each of its module processes, runs 15 nice levels below the command;
     it outlives the thread that started it, answers there, and ends with Ray. No log monitor
-    or autoscaler monitor was asked for, and neither started. A dashboard whose start fails
+    or autoscaler monitor was asked for, and neither started. The raylet's start waits for
+    no retry of its store, and its registration is known as soon as it comes (not at Ray's
+    next once-a-second ask). A dashboard whose start fails
     is one warning line, and the cluster runs tasks all the same (ray.init does not wait for
     the dashboard, nor fail with it); a command's own shutdown is not such a failure."""
     failed = dashboard_check("fail")  # its start held until the cluster ran a task
@@ -968,6 +987,11 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
     assert "raylet" in seen["started"], seen
     assert seen["agent_minimal"] is False and seen["dashboard_packages_imported"] == [], seen
     assert "log_monitor" not in seen["started"] and "monitor" not in seen["started"], seen
+    # Ray's own waits at a head's start: the raylet's 1 s retry of its store, and ray.init's
+    # once-a-second ask for the node's registration
+    assert seen["connect_retry"] == {"raylet_client_connect_timeout_milliseconds": 50,
+                                     "raylet_client_num_connect_attempts": 200}, seen
+    assert seen["registered_when_processes_started"] is True, seen
 
 
 BARRIER_IN_CONTROLLER_CHECK = r"""

@@ -27,7 +27,22 @@ CORE_KNOBS = (AUTO_CONNECT, SETUP_HOOK)
 # process of a run has one (Ray Train's knobs are the job's variables), so none could take
 # those, and starting them cost ~0.7 CPU-s in the second the run's recorder and controller
 # start their own (2 cores).
-EMBEDDED_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+#
+# The raylet's own plasma client connects to the store its other thread is still opening: the
+# first try fails and it waits raylet_client_connect_timeout_milliseconds (1000) before the
+# next, a whole second of every head's start on ray.init's path (the raylet's log: "Plasma
+# store debug dump" then "ObjectManager server started" 1.00 s later, in every start). 50 ms
+# retries, as many more of them, keep Ray's 10 s budget for every other connection (a worker's
+# to its raylet).
+CONNECT_RETRY = {"raylet_client_connect_timeout_milliseconds": 50,
+                 "raylet_client_num_connect_attempts": 200}
+EMBEDDED_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, **CONNECT_RETRY}
+
+
+def connect_retry_env() -> dict[str, str]:
+    """CONNECT_RETRY for a raylet started by `ray start` (the tests' and scripts' clusters), as
+    Ray core reads its config from the environment."""
+    return {f"RAY_{key}": str(value) for key, value in CONNECT_RETRY.items()}
 
 # Ray Train's controller takes a preemption notice without a deadline (a drain without
 # --deadline-remaining-seconds) as one with this many seconds from when it saw it
