@@ -191,6 +191,24 @@ def http_status(url: str, headers: dict) -> int:
         return exc.code
 
 
+def process_lines() -> list[tuple[int, list[str]]]:
+    """(pid, command line) of this machine's processes."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and len(line) > 1:
+            found.append((int(entry.name), line))
+    return found
+
+
+def started_at(pid: int) -> int:
+    """When a process started, in clock ticks since boot (/proc/PID/stat's 22nd field)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
 def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
     run_dir, out_path, dash = tmp_path / "run", tmp_path / "out.txt", free_port()
     gate = tmp_path / "gate"  # the run holds at step 3000 until the metrics showed the restart
@@ -220,6 +238,11 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
                 break
             except OSError:
                 time.sleep(0.2)
+        # It started once the run's workers had (head_start.py), not beside Ray's start.
+        dashboards = [pid for pid, line in process_lines()
+                      if f"--port={dash}" in line and line[1].endswith("dashboard.py")]
+        workers_born = max(started_at(w["pid"]) for w in rec["workers"])
+        assert len(dashboards) == 1 and started_at(dashboards[0]) > workers_born
         if token_headers():
             assert "ray get-auth-token" in text
             assert http_status(f"{dashboard}/api/version", token_headers()) == 200

@@ -859,7 +859,16 @@ def registered_on_return(self):
 
 ray_node.Node.start_ray_processes = registered_on_return
 port = int(sys.argv[1])
-with head_start.embedded_head(log_monitor=False, monitor=False):
+deferred = sys.argv[2] in ("start", "stop")  # as a command's: until its workers have started
+rays_start = head_start._ray_start_api_server
+
+def start_called(*args, **kwargs):
+    seen["dashboard_start_called"] = True
+    seen["called_before_release"] = not head_start._workers_started.is_set()
+    return rays_start(*args, **kwargs)
+
+head_start._ray_start_api_server = start_called
+with head_start.embedded_head(log_monitor=False, monitor=False, defer_dashboard=deferred):
     context = ray.init(address="local", num_cpus=1, include_dashboard=True,
                        dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False,
                        _system_config=EMBEDDED_SYSTEM_CONFIG)
@@ -875,9 +884,11 @@ if sys.argv[2] in ("fail", "stop"):
         head_start.stopping()  # what the command's own shutdown says first
     release.set()
     start.published.wait(60)
+    seen["dashboard_started"] = seen.get("dashboard_start_called", False)
     ray.shutdown()
     print(json.dumps(seen))
     sys.exit(0)
+head_start.dashboard_may_start()  # the command's workers started
 start.published.wait(120)
 dashboard = node.all_processes[ray_constants.PROCESS_TYPE_DASHBOARD][0].process
 raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
@@ -967,7 +978,8 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
     it outlives the thread that started it, answers there, and ends with Ray. No log monitor
     or autoscaler monitor was asked for, and neither started. The raylet's start waits for
     no retry of its store, and its registration is known as soon as it comes (not at Ray's
-    next once-a-second ask). A dashboard whose start fails
+    next once-a-second ask). A command's dashboard starts once its workers have (or when
+    the command ends first, never). A dashboard whose start fails
     is one warning line, and the cluster runs tasks all the same (ray.init does not wait for
     the dashboard, nor fail with it); a command's own shutdown is not such a failure."""
     failed = dashboard_check("fail")  # its start held until the cluster ran a task
@@ -977,9 +989,11 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
                                   "without it"], failed
     stopped = dashboard_check("stop")
     assert stopped["init_returned_while_held"] and "warnings" not in stopped, stopped
+    assert not stopped["dashboard_started"], stopped  # deferred, then the command ended
     seen = dashboard_check("start")
     port = seen["port"]
     assert seen["task"] == "ran" and "warnings" not in seen, seen
+    assert seen["called_before_release"] is False, seen  # deferred until the workers started
     assert seen["niceness_over_ours"] == [15] and seen["modules"] >= 5, seen
     assert seen["published_at_raylet_start"] is None, seen
     assert seen["url"] == f"127.0.0.1:{port}" and seen["raylet_webui"] == [f"127.0.0.1:{port}"]

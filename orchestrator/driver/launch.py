@@ -34,6 +34,7 @@ from orchestrator.driver.session_start import served_folder, session_env, sessio
 from orchestrator.errors import ConfigError, print_error
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
+from orchestrator.ray_internals.head_start import dashboard_may_start
 from orchestrator.ray_internals.train_hooks import (
     hooks_missing,
     interrupted_by_ctrl_c,
@@ -246,7 +247,10 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
 
 def snapshots(recorder):
     def poll(cursor: int):
-        return ray.get(recorder.snapshot.remote(cursor), timeout=30)
+        state = ray.get(recorder.snapshot.remote(cursor), timeout=30)
+        if state.world_size:  # the workers have started: a deferred dashboard may (head_start.py)
+            dashboard_may_start()
+        return state
 
     return poll
 

@@ -117,8 +117,11 @@ class RaySession:
     dashboard_of_this_process: str | None = None  # for a session that reuses the open one
 
     def __init__(self, cluster: ClusterConfig, env_vars: dict[str, str] | None = None,
-                 verbose: bool = False, keep_open: bool = False, py_executable: str | None = None):
+                 verbose: bool = False, keep_open: bool = False, py_executable: str | None = None,
+                 defer_dashboard: bool = False):
         self.cluster = cluster
+        # An embedded head's dashboard starts once the run's workers have (head_start.py).
+        self.defer_dashboard = defer_dashboard
         self.env_vars = env_vars or {}
         self.verbose = verbose  # log.ray_verbose: Ray's own output in the terminal
         self.dashboard_url: str | None = None
@@ -213,7 +216,8 @@ class RaySession:
             # commands of its own log.ray_verbose); the autoscaler's monitor only for a
             # service's head, which users may inspect with `ray status` (head_start.py).
             try:
-                with embedded_head(log_monitor=self.verbose, monitor=self.keep_open):
+                with embedded_head(log_monitor=self.verbose, monitor=self.keep_open,
+                                   defer_dashboard=self.defer_dashboard):
                     context = self.start(
                         address="local",  # a new instance, even if a stale `ray start` left its address
                         num_cpus=c.num_cpus or os.cpu_count(),

@@ -105,7 +105,7 @@ def start_early(cfg_node: DictConfig, cfg: Config) -> None:
     args = (cfg.cluster, session_env(cfg, backend), cfg.log.ray_verbose)
     if check_held(session_settings(*args)):
         return  # a service's session serves it
-    session = RaySession(*args, keep_open=_held is not None)
+    session = RaySession(*args, keep_open=_held is not None, defer_dashboard=True)
     session.start_in_background()
     _early = (args, session)
 
@@ -122,7 +122,8 @@ def session_for(cluster: ClusterConfig, env: dict[str, str], verbose: bool) -> R
             session = early[1]
         else:
             early[1].abandon()  # settings changed since (never seen): start as asked
-    session = session or RaySession(cluster, env, verbose, keep_open=_held is not None)
+    session = session or RaySession(cluster, env, verbose, keep_open=_held is not None,
+                                    defer_dashboard=True)
     if _held is not None:
         _held.settings, _held.session = session_settings(cluster, env, verbose), session
     return session
