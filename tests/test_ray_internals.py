@@ -896,6 +896,13 @@ seen["started"] = sorted(node.all_processes)
 seen["url"] = context.dashboard_url
 # what the raylet hands the workers it starts (inside its worker command)
 seen["raylet_webui"] = re.findall(r"--webui=(\S+)", open(f"/proc/{raylet.pid}/cmdline").read())
+# its agents (its children before any worker) at the dashboard's priority
+agents = [int(c) for t in os.listdir(f"/proc/{raylet.pid}/task")
+          for c in open(f"/proc/{raylet.pid}/task/{t}/children").read().split()
+          if open(f"/proc/{c}/cmdline").read().startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent"))]
+seen["agents"] = len(agents)
+seen["agents_niceness_over_ours"] = sorted({os.getpriority(os.PRIO_PROCESS, a) - os.getpriority(os.PRIO_PROCESS, 0)
+                                            for a in agents})
 # the dashboard agent runs in full (packages found), which the driver learnt without importing
 seen["agent_minimal"] = "--minimal" in open(f"/proc/{raylet.pid}/cmdline").read()
 seen["dashboard_packages_imported"] = sorted(
@@ -974,7 +981,8 @@ def test_the_dashboards_packages_are_found_as_rays_import_would_find_them(monkey
 def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_address():
     """head_start.py: the raylet starts while the dashboard is still starting, with the
     address the dashboard then publishes (the one ray.init returns, handed to its workers);
-    the dashboard, and each of its module processes, runs 15 nice levels below the command;
+    the dashboard, and each of its module processes, runs 15 nice levels below the command,
+    and so do the raylet's two agents;
     it outlives the thread that started it, answers there, and ends with Ray. No log monitor
     or autoscaler monitor was asked for, and neither started. The raylet's start waits for
     no retry of its store, and its registration is known as soon as it comes (not at Ray's
@@ -995,6 +1003,7 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
     assert seen["task"] == "ran" and "warnings" not in seen, seen
     assert seen["called_before_release"] is False, seen  # deferred until the workers started
     assert seen["niceness_over_ours"] == [15] and seen["modules"] >= 5, seen
+    assert seen["agents"] == 2 and seen["agents_niceness_over_ours"] == [15], seen
     assert seen["published_at_raylet_start"] is None, seen
     assert seen["url"] == f"127.0.0.1:{port}" and seen["raylet_webui"] == [f"127.0.0.1:{port}"]
     assert seen["http"] in (200, 401) and seen["dashboard_ended_with_ray"], seen
