@@ -30,9 +30,10 @@ that never outranks the training, and a run that outlives a dashboard that faile
 
 A command's dashboard (a plain command's or a service's head, not a sweep's) starts once its
 run's workers have started, or DASHBOARD_DEFER_MAX_S after Ray's start if they have not: its
-~1 CPU-s then no longer shares the 2 cores with the workers' start at the same priority (the
-default job without any dashboard: 8.09 vs 8.51 s, results/2026-11-29-fixed_cost-no-dashboard.json).
-A short run may end before its dashboard answers.
+start (~1.5 CPU-s with its module processes) no longer lands on the 2 cores while the workers
+start, the longest path of a short run (the default job without any dashboard: 8.09 vs 8.51 s,
+results/2026-11-29-fixed_cost-no-dashboard.json; deferred, 13.8 vs 15.4 CPU-s a command). A
+short run may end before its dashboard answers.
 
 Whether the dashboard's packages are installed is asked without importing them
 (dashboard_packages.py, ~0.3 CPU-s on ray.init's thread).
@@ -61,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -191,8 +193,6 @@ def wait_for_registration(node: ray_node.Node) -> None:
 
 def _lower_agents(raylet_pid: int, reniced: set[int]) -> None:
     """The raylet's agents (its only children before it registers) to the dashboard's priority."""
-    import os
-
     for task in os.listdir(f"/proc/{raylet_pid}/task"):
         try:
             children = [int(c) for c in open(f"/proc/{raylet_pid}/task/{task}/children").read().split()]

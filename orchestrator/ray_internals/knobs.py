@@ -30,8 +30,9 @@ CORE_KNOBS = (AUTO_CONNECT, SETUP_HOOK)
 #
 # The raylet's own plasma client connects to the store its other thread is still opening: the
 # first try fails and it waits raylet_client_connect_timeout_milliseconds (1000) before the
-# next, a whole second of every head's start on ray.init's path (the raylet's log: "Plasma
-# store debug dump" then "ObjectManager server started" 1.00 s later, in every start). 50 ms
+# next, a whole second on ray.init's path whenever the store is the slower (the raylet's log:
+# "Plasma store debug dump" then "ObjectManager server started" 1.00 s later, in 4 of 4 default
+# commands and 2 of 5 quiet starts, scripts/bench_ray_start.py). 50 ms
 # retries, as many more of them, keep Ray's 10 s budget for every other connection (a worker's
 # to its raylet).
 CONNECT_RETRY = {"raylet_client_connect_timeout_milliseconds": 50,
