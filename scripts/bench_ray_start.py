@@ -4,8 +4,9 @@ registration wait):
 
     python scripts/bench_ray_start.py --repeats 5
 
-The sides alternate, each a fresh Python process that imports Ray and the orchestrator's head
-start, then times ray.init alone, with the command's own options (2 CPUs, the dashboard beside
+The `ray_waits` side also leaves the raylet's agents at Ray's priority (head_start.py lowers
+them in the same wait). The sides alternate, each a fresh Python process that imports Ray and
+the orchestrator's head start, then times ray.init alone, with the command's own options (2 CPUs, the dashboard beside
 the raylet, no log monitor); the raylet's log gives how long its store took to let it connect.
 Run it with nothing else on the machine. Prints one JSON document.
 """

@@ -167,9 +167,10 @@ def _start_ray_processes(self: ray_node.Node):
 
 
 def wait_for_registration(node: ray_node.Node) -> None:
-    """Until the node's raylet has registered with the GCS, asked every REGISTER_POLL_S. Any
-    failure (a raylet that exited, a GCS that does not answer) leaves the verdict to Ray's own
-    wait, which comes next."""
+    """Until the node's raylet has registered with the GCS, asked every REGISTER_POLL_S; its
+    agents are put at the dashboard's priority as they appear meanwhile. Any failure (a raylet
+    that exited, a GCS that does not answer) leaves the verdict to Ray's own wait, which comes
+    next."""
     from ray._raylet import NodeID
     from ray.core.generated.gcs_pb2 import GcsNodeInfo
     from ray.core.generated.gcs_service_pb2 import GetAllNodeInfoRequest
