@@ -6,9 +6,10 @@ registration wait):
 
 The `ray_waits` side also leaves the raylet's agents at Ray's priority (head_start.py lowers
 them in the same wait). The sides alternate, each a fresh Python process that imports Ray and
-the orchestrator's head start, then times ray.init alone, with the command's own options (2 CPUs, the dashboard beside
-the raylet, no log monitor); the raylet's log gives how long its store took to let it connect.
-Run it with nothing else on the machine. Prints one JSON document.
+the orchestrator's head start, then times ray.init alone, with a command's options (2 CPUs, no
+log monitor) and the dashboard beside the raylet, as a sweep's; the raylet's log gives how long
+its store took to let it connect. Run it with nothing else on the machine. Prints one JSON
+document.
 """
 
 from __future__ import annotations

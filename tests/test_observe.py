@@ -28,6 +28,7 @@ from orchestrator.observe.progress import ProgressState, bar_line, clock, progre
 from orchestrator.observe.rate import Rate
 from orchestrator.ray_internals.head_start import DASHBOARD_DEFER_MAX_S
 from orchestrator.storage.location import StorageSpec
+from scripts.benchmarks.proctree import cmdline, descendants, start_time
 from tests.conftest import (
     REPO,
     _started,
@@ -192,24 +193,6 @@ def http_status(url: str, headers: dict) -> int:
         return exc.code
 
 
-def process_lines() -> list[tuple[int, list[str]]]:
-    """(pid, command line) of this machine's processes."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            line = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except (OSError, ValueError):
-            continue
-        if entry.name.isdigit() and len(line) > 1:
-            found.append((int(entry.name), line))
-    return found
-
-
-def started_at(pid: int) -> int:
-    """When a process started, in clock ticks since boot (/proc/PID/stat's 22nd field)."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-
-
 def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
     run_dir, out_path, dash = tmp_path / "run", tmp_path / "out.txt", free_port()
     gate = tmp_path / "gate"  # the run holds at step 3000 until the metrics showed the restart
@@ -241,11 +224,12 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
                 time.sleep(0.2)
         # It started once the run's workers had (head_start.py), not beside Ray's start (or,
         # on a machine that slow, DASHBOARD_DEFER_MAX_S after it).
-        dashboards = [pid for pid, line in process_lines()
-                      if f"--port={dash}" in line and line[1].endswith("dashboard.py")]
-        workers_born = max(started_at(w["pid"]) for w in rec["workers"])
-        bound = started_at(proc.pid) + DASHBOARD_DEFER_MAX_S * os.sysconf("SC_CLK_TCK")
-        assert len(dashboards) == 1 and started_at(dashboards[0]) > min(workers_born, bound)
+        dashboards = [pid for pid in descendants(proc.pid)
+                      if "dashboard/dashboard.py" in cmdline(pid)
+                      and f"--port={dash}" in cmdline(pid).split()]
+        workers_born = max(int(start_time(w["pid"])) for w in rec["workers"])
+        bound = int(start_time(proc.pid)) + DASHBOARD_DEFER_MAX_S * os.sysconf("SC_CLK_TCK")
+        assert len(dashboards) == 1 and int(start_time(dashboards[0])) > min(workers_born, bound)
         if token_headers():
             assert "ray get-auth-token" in text
             assert http_status(f"{dashboard}/api/version", token_headers()) == 200
