@@ -425,16 +425,44 @@ except KeyboardInterrupt:
 """
 
 
+SIGTERM_IN_AN_IMPORT = r"""
+import os, signal, threading
+from orchestrator.driver.interrupts import interrupt_after, sigterm_as_ctrl_c
+
+sigterm_as_ctrl_c()
+importing = threading.Event()
+def stop():  # a SIGTERM while the trial imports torch, in a command whose Ctrl-C is ignored
+    importing.wait()
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=stop, daemon=True).start()
+try:
+    with interrupt_after():
+        importing.set()
+        import torch  # noqa: F401
+        print("imported", hasattr(torch, "nn"), flush=True)
+except KeyboardInterrupt:
+    print("raised after the block", flush=True)
+"""
+
+
 def test_ctrl_c_during_a_frameworks_import_is_raised_once_it_is_imported():
     """interrupts.interrupt_after, around the trial of the user's parts: a Ctrl-C that came
     while torch was importing aborted the command (SIGABRT from pybind11, seen in CI) instead
-    of exit 130; now it is raised once the block ends, and a second Ctrl-C at once."""
+    of exit 130; now it is raised once the block ends, and a second Ctrl-C at once. So is a
+    SIGTERM where Ctrl-C is ignored (a command in the background)."""
     done = subprocess.run([sys.executable, "-c", CTRL_C_IN_AN_IMPORT], cwd=REPO,
                           env=cli_env(), capture_output=True, text=True, timeout=300,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:3] == ["imported True", "raised after the block",
                                             "raised at the second"], done.stdout
+    # A background command (Ctrl-C ignored) stopped by SIGTERM during the import: held too.
+    done = subprocess.run([sys.executable, "-c", SIGTERM_IN_AN_IMPORT], cwd=REPO,
+                          env=cli_env(), capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["imported True", "raised after the block"], (
+        done.stdout, done.stderr[-3000:])
 
 
 def test_ctrl_c_while_ray_starts_is_one_line_and_leaves_no_process(tmp_path):

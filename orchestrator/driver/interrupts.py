@@ -82,11 +82,19 @@ def sigterm_as_ctrl_c() -> None:
     def forward(signum, frame) -> None:
         interrupted_by[0] = "SIGTERM"
         if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
-            # a command started in the background (`... &`) ignores SIGINT: raise it here
+            # a command started in the background (`... &`) ignores SIGINT: raise it here,
+            # or once interrupt_after's block ends
+            if _held:
+                _held[-1].append(signum)
+                return
             raise KeyboardInterrupt
         os.kill(os.getpid(), signal.SIGINT)
 
     signal.signal(signal.SIGTERM, forward)
+
+
+# The signals held by the interrupt_after blocks now running, where Ctrl-C is ignored.
+_held: list[list[int]] = []
 
 
 @contextmanager
@@ -96,13 +104,23 @@ def interrupt_after():
     raised in Python code that torch's C++ calls back through pybind11 during its import ends
     the process with SIGABRT ("terminate called after throwing an instance of
     'pybind11::error_already_set'"), not with the command's exit code 130. Only the main
-    thread gets signals; where Ctrl-C is ignored (a background job) it stays ignored."""
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or previous in (
-            signal.SIG_IGN, None):
+    thread gets signals; where Ctrl-C is ignored (a background job) it stays ignored, and a
+    SIGTERM is what is held."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    seen = []
+    previous = signal.getsignal(signal.SIGINT)
+    seen: list[int] = []
+    if previous in (signal.SIG_IGN, None):
+        # Ctrl-C stays ignored; a SIGTERM (sigterm_as_ctrl_c) is held as a Ctrl-C would be
+        _held.append(seen)
+        try:
+            yield
+        finally:
+            _held.remove(seen)
+        if seen:
+            raise KeyboardInterrupt
+        return
 
     def note(signum, frame) -> None:
         if seen:  # pressed again: the user does not want to wait
