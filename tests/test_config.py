@@ -80,6 +80,9 @@ def test_every_option_composes_and_types(override):
         (["cluster.gpus_per_worker=inf"], "cluster.gpus_per_worker=inf"),
         (["trainer=null"], "trainer=null is not allowed: name one of its options"),
         (["hydra.job.chdir=true"], "hydra.job.chdir=true is not allowed"),
+        # Hydra's resolver in a job's key: "ValueError raised while resolving interpolation:
+        # HydraConfig was not set" before
+        (["trainer.name=${hydra:job.name}"], "trainer.name: ${hydra:...} is not allowed"),
         # Hydra's own keys were Hydra's error after the checks (exit 1, several lines)
         (["hydra.foo=1"], "hydra.foo: unknown key (see `python -m orchestrator --cfg hydra`"),
         (["hydra.job.name=x/y"], "hydra.job.name='x/y' is not allowed"),  # its log file's name

@@ -25,6 +25,10 @@ def to_typed(cfg: DictConfig) -> Config:
         if isinstance(cause, ConfigError):
             raise cause from None
         key = getattr(exc, "full_key", None) or "config"
+        if "HydraConfig was not set" in str(exc):  # Hydra's own resolver, outside its job
+            raise ConfigError(f"{key}: ${{hydra:...}} is not allowed (the checks and the "
+                              "workers run outside Hydra's job): give a value, another key "
+                              "(${data.path}) or ${oc.env:NAME}") from exc
         raise ConfigError(f"{key}: {one_line(exc)}") from exc
 
 
