@@ -154,13 +154,13 @@ def stop_started_runs():
             proc.communicate()
 
 
-def wait_for(predicate, run_dir, timeout=240):
+def wait_for(predicate, run_dir, timeout=240, every_s=0.2):
     deadline = time.time() + timeout
     while time.time() < deadline:
         rec = read_record(run_dir)
         if rec and predicate(rec):
             return rec
-        time.sleep(0.2)
+        time.sleep(every_s)
     raise AssertionError(f"timed out; record: {read_record(run_dir)}{log_tails(run_dir)}")
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.config.schema import ClusterConfig
 from orchestrator.driver.record import REDACTED, RunRecord, redact
-from orchestrator.driver.scaling import cpus_per_worker, scaling_kwargs
+from orchestrator.driver.scaling import cpus_per_worker, scaling_kwargs, unplaceable_here
 
 
 def test_restarts_and_lost_steps():
@@ -84,6 +84,32 @@ def test_elastic_scaling_asks_for_a_range():
     assert scaling_kwargs(ClusterConfig(placement="SPREAD"), 2.0)["placement_strategy"] == "SPREAD"
     extra = scaling_kwargs(ClusterConfig(resources={"big_memory": 1.0}), 2.0)["resources_per_worker"]
     assert extra == {"CPU": 1.0, "big_memory": 1.0}
+
+
+@pytest.mark.parametrize("cluster, named", [
+    (ClusterConfig(workers=3, cpus_per_worker=1.0), "cluster.cpus_per_worker=1.0 "),
+    (ClusterConfig(workers=4, min_workers=3, cpus_per_worker=1.0), "3 workers (cluster.min_workers)"),
+    (ClusterConfig(gpus_per_worker=1.0), "cluster.gpus_per_worker=1.0 "),
+    (ClusterConfig(resources={"big_memory": 1.0}), "cluster.resources.big_memory=1.0 "),
+    (ClusterConfig(workers=300), "cluster.workers=300 "),  # 0.01 CPU each at least
+])
+def test_an_embedded_clusters_refusal_names_the_key_that_asks_too_much(cluster, named):
+    """An embedded cluster (one node, nothing to grow into): what it cannot hold is refused
+    at once instead of waited for until cluster.placement_timeout_s."""
+    per_worker = scaling_kwargs(cluster, 2.0)["resources_per_worker"]
+    line = unplaceable_here(cluster, per_worker, {"CPU": 2.0, "memory": 1e9})
+    assert line is not None and named in line and "\n" not in line, line
+    assert unplaceable_here(cluster, per_worker, {"CPU": 1000.0, "GPU": 1000.0,
+                                                  "big_memory": 1000.0}) is None
+
+
+def test_what_an_embedded_cluster_holds_is_not_refused():
+    for cluster in (ClusterConfig(), ClusterConfig(workers=16), ClusterConfig(workers=2, cpus_per_worker=1.0),
+                    ClusterConfig(workers=8, min_workers=2, cpus_per_worker=1.0)):
+        per_worker = scaling_kwargs(cluster, 2.0)["resources_per_worker"]
+        assert unplaceable_here(cluster, per_worker, {"CPU": 2.0}) is None, cluster
+    cpus = unplaceable_here(ClusterConfig(workers=3, cpus_per_worker=1.0), {"CPU": 1.0}, {"CPU": 2.0})
+    assert cpus.endswith("at most 0.66 with 3 workers, or null to split them")
 
 
 def test_ranks_failing_alike_in_one_group_are_not_a_repeat():

@@ -29,7 +29,7 @@ from orchestrator.driver.ray_session import RaySession, user_pythonpath
 from orchestrator.driver.record import RunRecord, redact
 from orchestrator.driver.recorder import start_recorder
 from orchestrator.driver.run_plan import RunPlan, complete_data, make_plan
-from orchestrator.driver.scaling import scaling_kwargs
+from orchestrator.driver.scaling import scaling_kwargs, unplaceable_here
 from orchestrator.driver.session_start import served_folder, session_env, session_for
 from orchestrator.errors import ConfigError, print_error
 from orchestrator.observe.logs import train_logging
@@ -102,6 +102,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
         env = session_env(cfg, run.training.backend)
         with session_for(cfg.cluster, env, cfg.log.ray_verbose) as session:
             sigterm_as_ctrl_c()
+            refuse_what_never_fits(cfg, session)
             # Shared storage (orchestrator/storage/probe.py): on a joined cluster every node
             # must see the checkpoints the driver sees (exit 2 before any worker otherwise);
             # the marker lets each worker check its own node, nodes joining later included.
@@ -125,6 +126,18 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
         log.warning("interrupted while shutting down, after the run %s", final["status"])
         code = 130
     return code
+
+
+def refuse_what_never_fits(cfg: Config, session: RaySession) -> None:
+    """An embedded cluster is this machine's one node: workers asking for more than it has
+    would wait cluster.placement_timeout_s for room that never comes. Exit 2 instead, before
+    any actor starts."""
+    if session.joined:
+        return
+    per_worker = scaling_kwargs(cfg.cluster, session.total_cpus())["resources_per_worker"]
+    problem = unplaceable_here(cfg.cluster, per_worker, ray.cluster_resources())
+    if problem:
+        raise ConfigError(problem)
 
 
 def open_record(run: CheckedRun, cfg_node: DictConfig, session: RaySession, output_dir: Path,

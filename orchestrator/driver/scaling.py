@@ -54,3 +54,33 @@ def elastic_controller_env(cluster: ClusterConfig, hang_timeout_s: float) -> dic
     if not cluster.elastic:
         return {}
     return {WORKER_GROUP_START_TIMEOUT: str(hang_timeout_s)}
+
+
+def unplaceable_here(cluster: ClusterConfig, per_worker: dict[str, float],
+                     has: dict[str, float]) -> str | None:
+    """On an embedded cluster (this machine's one node, no autoscaler, nothing to grow into):
+    the line refusing a worker group that can never be placed, naming the key that asks too
+    much; None when it fits. Ray would wait for the room until cluster.placement_timeout_s
+    (300 s), then the run failed."""
+    workers = cluster.min_workers if cluster.elastic else cluster.workers
+    count = f"{workers} workers{' (cluster.min_workers)' if cluster.elastic else ''}"
+    for name, each in per_worker.items():
+        total = float(has.get(name, 0.0))
+        if each * workers <= total + 1e-9:
+            continue
+        given = {"CPU": ("cluster.cpus_per_worker", cluster.cpus_per_worker),
+                 "GPU": ("cluster.gpus_per_worker", cluster.gpus_per_worker)}.get(
+                     name, (f"cluster.resources.{name}", each))
+        key, value = given if given[1] is not None else ("cluster.workers", cluster.workers)
+        if total <= 0:
+            allowed = "ask for none, or join a cluster that has some (cluster.address=...)"
+        elif key == "cluster.workers":
+            allowed = f"at most {int(total / each)} workers of {each:g} {name}"
+        else:
+            allowed = f"at most {math.floor(total / workers * 100) / 100:g} with {count}" + (
+                ", or null to split them" if name == "CPU" else "")
+        num_cpus = " (cluster.num_cpus)" if name == "CPU" else ""
+        return (f"{key}={value} is not allowed on this machine's embedded Ray: {count} x "
+                f"{each:g} {name} = {each * workers:g} {name}, and it has {total:g}{num_cpus}; "
+                f"{allowed}")
+    return None
