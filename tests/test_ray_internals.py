@@ -463,6 +463,30 @@ def test_the_torch_backend_leaves_torch_out_of_the_controller_and_calls_rays_own
         == TorchConfig().backend_cls.has_replica_groups
 
 
+TENSORFLOW_CONFIG = r"""
+import inspect, pickle, sys
+from orchestrator.driver.backends import backend_named
+config = pickle.loads(pickle.dumps(backend_named("tensorflow").ray_config(30.0, use_gpu=False)))
+backend = config.backend_cls()
+print("tensorflow" in sys.modules)
+from ray.train.tensorflow.config import TensorflowConfig, _setup_tensorflow_environment
+print(config.framework == TensorflowConfig().framework, config.to_dict() == TensorflowConfig().to_dict(),
+      sorted(inspect.signature(_setup_tensorflow_environment).parameters))
+"""
+
+
+def test_the_tensorflow_backend_leaves_tensorflow_out_of_the_driver_and_the_controller():
+    """Building the config (the driver) and what Ray Train's controller does with it (unpickle
+    it, make its backend) import no tensorflow, in a fresh process; the worker-side function
+    is Ray's, with the parameters passed here; the config reads as Ray's TensorflowConfig."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", TENSORFLOW_CONFIG], capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parents[1]).stdout.split("\n")
+    assert out[:2] == ["False", "True True ['index', 'worker_addresses']"], out
+
+
 def test_the_monitor_killed_before_shutdown_is_found_where_ray_keeps_its_processes(monkeypatch):
     """Ray's node keeps its processes as services.ProcessInfo tuples by type; the monitor's
     is killed (here a stand-in node holding a real process), others are left to Ray. A raylet

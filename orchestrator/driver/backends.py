@@ -1,7 +1,8 @@
 """What Ray Train sets up around a training function, by name (``trainer.backend``).
 
-Each backend is one of Ray Train's BackendConfig classes (torch's: Ray's, without torch in the
-controller, orchestrator/ray_internals/torch_backend.py), named here by import path and
+Each backend is one of Ray Train's BackendConfig classes (torch's and TensorFlow's: Ray's,
+without the framework in the driver and the controller, orchestrator/ray_internals/
+torch_backend.py and tensorflow_backend.py), named here by import path and
 imported only when a run uses it: the core imports no framework (torch elastic registers its
 rendezvous backends the same way).
 """
@@ -61,6 +62,9 @@ TORCH_FORK = ("torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "tor
 # Keras 3 fails under MultiWorkerMirroredStrategy; tf-keras (Keras 2) works, and must be chosen
 # before tensorflow is first imported in the worker.
 TF_WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+# Ray's TensorflowConfig, less the import of tensorflow in the driver's and the controller's
+# processes.
+TF_CONFIG = "orchestrator.ray_internals.tensorflow_backend:MultiWorkerConfig"
 
 BACKENDS: dict[str, Backend] = {
     b.name: b for b in [
@@ -70,7 +74,7 @@ BACKENDS: dict[str, Backend] = {
                 warm_imports=TORCH_WARM, fork_imports=TORCH_FORK),
         Backend("nccl", TORCH_CONFIG, torch_options("nccl"), TORCH_CONTROLLER_ENV,
                 warm_imports=TORCH_WARM, fork_imports=TORCH_FORK),
-        Backend("tensorflow", "ray.train.tensorflow:TensorflowConfig", worker_env=TF_WORKER_ENV),
+        Backend("tensorflow", TF_CONFIG, worker_env=TF_WORKER_ENV),
         Backend("xgboost", "ray.train.xgboost:XGBoostConfig"),
         Backend("lightgbm", "ray.train.lightgbm:LightGBMConfig"),
         Backend("none", "ray.train.backend:BackendConfig"),

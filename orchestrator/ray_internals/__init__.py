@@ -37,6 +37,8 @@
   cluster has no autoscaler);
 - torch_backend.py: Ray Train's torch backend, its worker-side functions called without torch
   in the controller's process;
+- tensorflow_backend.py: Ray Train's TensorFlow backend, without tensorflow in the driver's
+  and the controller's processes;
 - fork_server/: a sweep's worker processes forked from a server with its imports done (the
   runtime environment's `py_executable` as its client; the job id and raylet pid Ray's C++
   config reads at import; Ray's ID generator, which must not be seeded before a fork: the
