@@ -36,6 +36,7 @@ WARM_TORCHRUN_GOAL = Goal("<=", 1.3)
 # Orchestrator settings worth measuring against the default: name -> (overrides, environment).
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "no_dashboard": (["cluster.dashboard=false"], {}),
+    "mwms": (["trainer=mwms"], {}),  # the same job under TensorFlow's MultiWorkerMirroredStrategy
 }
 
 
@@ -77,13 +78,16 @@ def run(args: argparse.Namespace, work: Path) -> dict:
 
     sides = {"orchestrator": orchestrated("orchestrator", [], {}), "ray_train": ray_train,
              "torchrun": torchrun}
+    tree = getattr(args, "fixed_tree", None)
+    tree_env = {"PYTHONSAFEPATH": "1", "PYTHONPATH": tree} if tree else {}
     for name in args.fixed_variants:
         overrides, env = VARIANTS[name]
         sides[f"orchestrator_{name}"] = orchestrated(f"orchestrator_{name}", overrides, env)
-    if getattr(args, "fixed_tree", None):  # an older checkout's driver, side by side
-        sides["orchestrator_tree"] = orchestrated(
-            "orchestrator_tree", [], {"PYTHONSAFEPATH": "1", "PYTHONPATH": args.fixed_tree},
-            args.fixed_tree)
+        if tree:  # the variant on the older checkout too
+            sides[f"orchestrator_tree_{name}"] = orchestrated(
+                f"orchestrator_tree_{name}", overrides, {**env, **tree_env}, tree)
+    if tree:  # an older checkout's driver, side by side
+        sides["orchestrator_tree"] = orchestrated("orchestrator_tree", [], tree_env, tree)
     head = None
     if args.fixed_warm:  # the second command: a cluster already running (`ray start --head`)
         from scripts.local_cluster import start_head
@@ -92,10 +96,9 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         head = start_head(work / "warm-head")
         sides["orchestrator_warm"] = orchestrated(
             "orchestrator_warm", [f"cluster.address={head.address}"], {})
-        if getattr(args, "fixed_tree", None):  # the older checkout's driver joining it too
+        if tree:  # the older checkout's driver joining it too
             sides["orchestrator_tree_warm"] = orchestrated(
-                "orchestrator_tree_warm", [f"cluster.address={head.address}"],
-                {"PYTHONSAFEPATH": "1", "PYTHONPATH": args.fixed_tree}, args.fixed_tree)
+                "orchestrator_tree_warm", [f"cluster.address={head.address}"], tree_env, tree)
     served_env = {"ORCHESTRATOR_SERVICE_DIR": str(work / "svc")}
     first_served = None
     if getattr(args, "fixed_served", 0):  # a service kept alive (cluster.keep_alive) on an embedded Ray
