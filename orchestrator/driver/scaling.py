@@ -68,10 +68,11 @@ def unplaceable_here(cluster: ClusterConfig, per_worker: dict[str, float],
         total = float(has.get(name, 0.0))
         if each * workers <= total + 1e-9:
             continue
-        given = {"CPU": ("cluster.cpus_per_worker", cluster.cpus_per_worker),
-                 "GPU": ("cluster.gpus_per_worker", cluster.gpus_per_worker)}.get(
-                     name, (f"cluster.resources.{name}", each))
-        key, value = given if given[1] is not None else ("cluster.workers", cluster.workers)
+        key, value = {"CPU": ("cluster.cpus_per_worker", cluster.cpus_per_worker),
+                      "GPU": ("cluster.gpus_per_worker", cluster.gpus_per_worker)}.get(
+                          name, (f"cluster.resources.{name}", each))
+        if value is None:  # the CPUs split among the workers: their number asks too much
+            key, value = "cluster.workers", cluster.workers
         if total <= 0:
             allowed = "ask for none, or join a cluster that has some (cluster.address=...)"
         elif key == "cluster.workers":
