@@ -15,6 +15,13 @@ class ConfigError(ValueError):
     exit_code = 2
 
 
+class MachineError(ConfigError):
+    """The machine or the cluster failed before any worker started (Ray did not start): one
+    line, printed as wrong input is, but exit 1: running the command again may work."""
+
+    exit_code = 1
+
+
 def cause_of(exc: BaseException) -> BaseException:
     """Hydra's instantiate wraps what the user's code raised ("Error in call to target
     'x':"): the cause is what the user must read."""

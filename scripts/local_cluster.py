@@ -87,25 +87,37 @@ def answers(address: str) -> bool:
 HEALTH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5"}
 
 
-def start_head(tmp: Path, num_cpus: int = 2) -> RayHead:
+def start_head(tmp: Path, num_cpus: int = 2, attempts: int = 3) -> RayHead:
+    """A head on free ports (its dashboard agent's too: another Ray on the machine holds
+    52365). On a loaded machine its raylet can miss Ray's 30 s registration window: again."""
     before = recorded_cluster()
-    port, dash = free_port(), free_port()
-    log = open(tmp / "ray-head.log", "w")
-    proc = subprocess.Popen(
-        [RAY, "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
-         "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dash}", "--disable-usage-stats"],
-        stdout=log, stderr=subprocess.STDOUT, env={**node_env(), **HEALTH}, start_new_session=True,
-    )
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"ray start exited: {(tmp / 'ray-head.log').read_text()[-2000:]}")
-        if "block forever" in (tmp / "ray-head.log").read_text():
+    for attempt in range(1, attempts + 1):
+        port, dash = free_port(), free_port()
+        log_path = tmp / f"ray-head-{time.time_ns()}.log"
+        proc = subprocess.Popen(
+            [RAY, "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
+             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={free_port()}",
+             "--disable-usage-stats"],
+            stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env={**node_env(), **HEALTH},
+            start_new_session=True,
+        )
+        if came_up(proc, log_path, 150):
             return RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", proc, before)
+        stop_head(proc)
+        if attempt == attempts:
+            raise RuntimeError(f"ray start --head failed: {log_path.read_text()[-2000:]}")
+    raise AssertionError("unreachable")
+
+
+def came_up(proc: subprocess.Popen, log_path: Path, timeout_s: float) -> bool:
+    """Whether `ray start --block` said it is up before it exited or the time ran out."""
+    deadline = time.time() + timeout_s
+    while "block forever" not in log_path.read_text():
+        if proc.poll() is not None or time.time() > deadline:
+            return False
         time.sleep(0.5)
-    stop_head(proc)
-    raise RuntimeError("ray start --head did not come up in 90 s")
+    return True
 
 
 def node_env() -> dict:
@@ -125,20 +137,16 @@ def add_node(head: RayHead, tmp: Path, num_cpus: int = 2, attempts: int = 3,
         proc = subprocess.Popen(
             [RAY, "start", "--block", f"--address={head.address}", f"--num-cpus={num_cpus}",
              "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+             f"--dashboard-agent-listen-port={free_port()}",
              *([f"--resources={json.dumps(resources)}"] if resources else [])],
             stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env={**node_env(), **(env or {})},
             start_new_session=True,
         )
-        deadline = time.time() + 150
-        while "block forever" not in log_path.read_text():
-            if proc.poll() is not None or time.time() > deadline:
-                stop_head(proc)
-                if attempt == attempts:
-                    raise RuntimeError(f"ray start --address failed: {log_path.read_text()[-2000:]}")
-                break
-            time.sleep(0.5)
-        else:
+        if came_up(proc, log_path, 150):
             return proc
+        stop_head(proc)
+        if attempt == attempts:
+            raise RuntimeError(f"ray start --address failed: {log_path.read_text()[-2000:]}")
     raise AssertionError("unreachable")
 
 

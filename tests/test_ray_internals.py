@@ -4,9 +4,11 @@ upgrade that renames one fails here, naming it, instead of silently costing what
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -883,6 +885,8 @@ def registered_on_return(self):
 
 ray_node.Node.start_ray_processes = registered_on_return
 port = int(sys.argv[1])
+from orchestrator.driver.ports import PortHold
+hold = PortHold(port)  # the command's: the port stays taken until the dashboard starts
 deferred = sys.argv[2] in ("start", "stop")  # as a command's: until its workers have started
 rays_start = head_start._ray_start_api_server
 
@@ -892,7 +896,8 @@ def start_called(*args, **kwargs):
     return rays_start(*args, **kwargs)
 
 head_start._ray_start_api_server = start_called
-with head_start.embedded_head(log_monitor=False, monitor=False, defer_dashboard=deferred):
+with head_start.embedded_head(log_monitor=False, monitor=False, defer_dashboard=deferred,
+                              dashboard_port_hold=hold):
     context = ray.init(address="local", num_cpus=1, include_dashboard=True,
                        dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False,
                        _system_config=EMBEDDED_SYSTEM_CONFIG)
@@ -912,8 +917,25 @@ if sys.argv[2] in ("fail", "stop"):
     ray.shutdown()
     print(json.dumps(seen))
     sys.exit(0)
+import socket
+probe = socket.socket()  # as Ray's own check of a port, or another command's head would bind
+probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    probe.bind(("127.0.0.1", port))
+    seen["port_free_while_held"] = True
+except OSError:
+    seen["port_free_while_held"] = False
+probe.close()
 head_start.dashboard_may_start()  # the command's workers started
 start.published.wait(120)
+info = ray.nodes()[0]  # the agent's HTTP server on a port of the kernel's, not 52365
+agent = f"http://{info['NodeManagerAddress']}:{info['DashboardAgentListenPort']}"
+deadline = time.monotonic() + 60
+while "agent_http" not in seen and time.monotonic() < deadline:
+    try:
+        seen["agent_http"] = urllib.request.urlopen(f"{agent}/api/local_raylet_healthz", timeout=10).status
+    except OSError:
+        time.sleep(0.2)
 dashboard = node.all_processes[ray_constants.PROCESS_TYPE_DASHBOARD][0].process
 raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
 seen["started"] = sorted(node.all_processes)
@@ -969,9 +991,14 @@ def dashboard_check(outcome: str) -> dict:
 
     port = free_port()
     env = {k: v for k, v in node_env().items() if k not in connect_retry_env()}  # the command's
-    done = subprocess.run([sys.executable, "-c", DASHBOARD_BESIDE_RAYLET_CHECK, str(port), outcome],
-                          capture_output=True, text=True, env=env, timeout=300,
-                          cwd=Path(__file__).parent.parent)
+    with contextlib.ExitStack() as stack:  # Ray's default agent port taken (another Ray's)
+        agents_default = stack.enter_context(socket.socket())
+        with contextlib.suppress(OSError):
+            agents_default.bind(("0.0.0.0", 52365))
+            agents_default.listen()
+        done = subprocess.run([sys.executable, "-c", DASHBOARD_BESIDE_RAYLET_CHECK, str(port),
+                               outcome], capture_output=True, text=True, env=env, timeout=300,
+                              cwd=Path(__file__).parent.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]) | {"port": port}
 
@@ -1026,6 +1053,8 @@ def test_an_embedded_heads_raylet_starts_before_its_dashboard_has_published_its_
     port = seen["port"]
     assert seen["task"] == "ran" and "warnings" not in seen, seen
     assert seen["called_before_release"] is False, seen  # deferred until the workers started
+    # its port held meanwhile (driver/ports.py); the agent serves beside another Ray's 52365
+    assert seen["port_free_while_held"] is False and seen["agent_http"] == 200, seen
     assert seen["niceness_over_ours"] == [15] and seen["modules"] >= 5, seen
     assert seen["agents"] == 2 and seen["agents_niceness_over_ours"] == [15], seen
     assert seen["published_at_raylet_start"] is None, seen

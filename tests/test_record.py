@@ -174,13 +174,45 @@ def test_a_ray_that_does_not_start_is_one_line(monkeypatch):
     try:
         RaySession(ClusterConfig(dashboard_port=0)).__enter__()
     except ConfigError as exc:
-        message = str(exc)
-    assert message == ("cluster: Ray did not start (RuntimeError: The current node timed out "
-                       "during startup.)"), message
+        message, code = str(exc), exc.exit_code
+    # the machine's failure, not the input's: exit 1, and what to do
+    assert code == 1 and "\n" not in message, message
+    assert message.startswith("cluster: Ray did not start on this machine in 0 s (RuntimeError: "
+                              "The current node timed out during startup.); the machine may be "
+                              "too busy (load average "), message
+    assert message.endswith("run the command again when it is less busy, or start Ray yourself "
+                            "(`ray start --head`) and join it with cluster.address=auto"), message
     # The embedded start made this process adopt orphans; with no session to close, it adopts
     # no more (it did: every daemon a later test's command started became this process's
     # zombie, and `python -m orchestrator.service stop` waited 60 s for one to end).
     assert not adopts_orphans()
+
+
+def test_a_port_chosen_for_a_server_is_held_until_it_starts_and_two_choices_never_meet():
+    """driver/ports.py: a command's dashboard starts seconds after its port was chosen; a
+    second command choosing meanwhile, and Ray's own check (SO_REUSEADDR), find it taken."""
+    import socket
+
+    from orchestrator.driver.ports import PortHold
+
+    first = PortHold(0)
+    second = PortHold(first.port)  # asks for the same port: gets another
+    assert second.port != first.port
+
+    def binds(port: int) -> bool:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+            return True
+
+    assert not binds(first.port)
+    first.release()
+    first.release()  # again: nothing
+    assert binds(first.port)  # the server binds it now
+    second.release()
 
 
 def adopts_orphans() -> bool:

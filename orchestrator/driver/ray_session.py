@@ -7,12 +7,14 @@ import os
 import socket
 import stat
 import threading
+import time
 from pathlib import Path
 
 import ray
 
 from orchestrator.config.schema import ClusterConfig
 from orchestrator.driver.interrupts import DeferredInterrupt
+from orchestrator.driver.ports import PortHold
 from orchestrator.driver.processes import (
     adopt_orphans,
     descendants,
@@ -20,7 +22,7 @@ from orchestrator.driver.processes import (
     release_orphans,
     stop_leftovers,
 )
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, MachineError
 from orchestrator.observe.logs import quiet_ray_loggers, ray_init_kwargs
 from orchestrator.ray_internals.cluster import (
     CURRENT_CLUSTER_FILE,
@@ -95,20 +97,19 @@ def probe(address: str) -> None:
         ) from exc
 
 
-def dashboard_port(wanted: int) -> int:
-    """cluster.dashboard_port if it is free, else a free one: a second embedded Ray on this
-    machine (another run, a sweep) must not fail on a busy port."""
-    for port in (wanted, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            chosen = sock.getsockname()[1]
-        if chosen != wanted:
-            log.info("dashboard port %d is taken; using %d", wanted, chosen)
-        return chosen
-    return wanted
+def start_failure(exc: Exception, joined: bool, waited_s: float) -> ConfigError:
+    """Ray's start failed: one line. A cluster joined is the input's (its address, its token:
+    exit 2); an embedded Ray that did not start is the machine's (exit 1), most often one too
+    busy to start Ray's processes in time, where the same command later works."""
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:200]
+    if joined:
+        return ConfigError(f"cluster: Ray did not start ({type(exc).__name__}: {text})")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return MachineError(
+        f"cluster: Ray did not start on this machine in {waited_s:.0f} s ({type(exc).__name__}: "
+        f"{text}); the machine may be too busy (load average {load:.1f} on {os.cpu_count()} "
+        "cores): run the command again when it is less busy, or start Ray yourself "
+        "(`ray start --head`) and join it with cluster.address=auto")
 
 
 class RaySession:
@@ -136,6 +137,7 @@ class RaySession:
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
         self._start_error: BaseException | None = None
+        self._dashboard_hold: PortHold | None = None
 
     def start_in_background(self) -> None:
         """ray.init in a thread: what the command checks meanwhile (the user's parts: torch's
@@ -169,6 +171,7 @@ class RaySession:
                 self.__exit__(None, None, None)
         else:
             stopping()
+            self.release_dashboard_port()
             close_starts(self._thread)  # the start thread's next process would outlive the kill
             kill_descendants()
             no_ray_shutdown_at_exit()  # it would wait on the killed GCS (cluster.py)
@@ -212,23 +215,28 @@ class RaySession:
             context = self.start(address=address, **quiet)
         else:
             adopt_orphans()  # what Ray starts stays ours to stop, whatever dies first
+            # A free port, held until the dashboard starts (driver/ports.py): two commands
+            # side by side both get one.
+            hold = self._dashboard_hold = PortHold(c.dashboard_port) if c.dashboard else None
             # The workers' output is streamed only where it is shown (a service serves only
             # commands of its own log.ray_verbose); the autoscaler's monitor only for a
             # service's head, which users may inspect with `ray status` (head_start.py).
             try:
                 with embedded_head(log_monitor=self.verbose, monitor=self.keep_open,
-                                   defer_dashboard=self.defer_dashboard):
+                                   defer_dashboard=self.defer_dashboard, dashboard_port_hold=hold):
                     context = self.start(
                         address="local",  # a new instance, even if a stale `ray start` left its address
                         num_cpus=c.num_cpus or os.cpu_count(),
                         include_dashboard=c.dashboard,
                         dashboard_host="127.0.0.1",  # never beyond this machine by default
-                        dashboard_port=dashboard_port(c.dashboard_port) if c.dashboard else None,
+                        dashboard_port=hold.port if hold else None,
                         _system_config=EMBEDDED_SYSTEM_CONFIG,
                         **quiet,
                     )
             except BaseException:
                 stopping()  # a dashboard still starting fails with this Ray: not news
+                if hold:
+                    hold.release()
                 adopt_orphans(False)  # no session to close: this process adopts no more
                 raise
         url = getattr(context, "dashboard_url", None)
@@ -238,14 +246,14 @@ class RaySession:
         return self
 
     def start(self, **kwargs):
-        """ray.init, whose own failures are tracebacks of many lines: one line instead, exit
-        code 2. (The dashboard's are not among them: ray.init does not wait for it, and a
-        dashboard that fails is a warning, orchestrator/ray_internals/head_start.py.)"""
+        """ray.init, whose own failures are tracebacks of many lines: one line instead
+        (start_failure). (The dashboard's are not among them: ray.init does not wait for it,
+        and a dashboard that fails is a warning, orchestrator/ray_internals/head_start.py.)"""
+        began = time.monotonic()
         try:
             return ray.init(**kwargs)
         except Exception as exc:
-            text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:200]
-            raise ConfigError(f"cluster: Ray did not start ({type(exc).__name__}: {text})") from None
+            raise start_failure(exc, self.joined, time.monotonic() - began) from None
 
     def __exit__(self, *exc) -> None:
         if self.reused or self.keep_open:
@@ -258,6 +266,7 @@ class RaySession:
             ours = [] if self.joined else descendants(os.getpid())
             if not self.joined:
                 stopping()
+                self.release_dashboard_port()
                 stop_autoscaler_monitor()
             ray.shutdown()
             if not self.joined:  # and what was started meanwhile, orphaned to us since
@@ -267,6 +276,11 @@ class RaySession:
                 release_orphans(ours)
         self._closed.set()  # the background start's thread may end now
         self.interrupted = guard.seen
+
+    def release_dashboard_port(self) -> None:
+        """A dashboard that never started (the command ended first) holds its port no more."""
+        if self._dashboard_hold is not None:
+            self._dashboard_hold.release()
 
     @property
     def outlives_run(self) -> bool:

@@ -41,7 +41,9 @@ Whether the dashboard's packages are installed is asked without importing them
 ray.init then waits for the raylet to register with the GCS, asking it once a second (Ray
 core's GlobalStateAccessor::GetNode sleeps 1 s between asks): ~0.5 s lost on average, up to 1 s.
 The head's start now asks every REGISTER_POLL_S first; Ray's own wait then finds the node at
-its first ask. While it asks, the raylet's two agents (its dashboard agent, ~0.8 CPU-s, and its
+its first ask. Ray's wait gives up after a fixed 30 s, which a loaded machine misses; this one
+waits REGISTER_WAIT_S while the raylet lives (correctness: a busy machine delays the start, it
+does not fail it). While it asks, the raylet's two agents (its dashboard agent, ~0.8 CPU-s, and its
 runtime-env agent; its only children before it registers) are put at the dashboard's priority:
 at Ray's they shared the cores with the driver's trial of the user's parts, which is the longer
 path (`--fixed-tree` against the tree before: 8.72 vs 9.03 s, every one of 5 pairs faster,
@@ -81,7 +83,11 @@ _ray_node_init = ray_node.Node.__init__
 _ray_start_ray_processes = ray_node.Node.start_ray_processes
 _enabled = threading.local()
 REGISTER_POLL_S = 0.02
-REGISTER_WAIT_S = 30.0  # Ray's own wait's (raylet_start_wait_time_s): then Ray's error
+# Ray's own wait for the registration is a fixed 30 s (node.py's raylet_start_wait_time_s):
+# on a loaded machine (load 15-50 on 2 cores) ~1 cold start in 6 failed it ("The current node
+# timed out during startup"), and the same command run again worked. While its raylet lives,
+# a node is waited for this long; Ray's wait then finds it at once (or gives its own error).
+REGISTER_WAIT_S = 180.0
 # Ray runs its workers 15 nice levels down (its worker_niceness), so that its own processes
 # stay responsive; the dashboard goes there too: it must not take the training's CPU.
 DASHBOARD_NICENESS = 15
@@ -94,10 +100,11 @@ _workers_started = threading.Event()
 class _DashboardStart:
     """The dashboard's start, run by a thread of its own."""
 
-    def __init__(self, node: ray_node.Node, options: dict, deferred: bool):
+    def __init__(self, node: ray_node.Node, options: dict, deferred: bool, port_hold=None):
         self.node = node
         self.options = options
         self.deferred = deferred
+        self.port_hold = port_hold  # the port, held for it until it starts (driver/ports.py)
         self.published = threading.Event()  # its start ended: published, or failed
         self.stopping = False  # the command is stopping this Ray: a failure is not news
         _starts.add(self)
@@ -105,6 +112,8 @@ class _DashboardStart:
     def run(self) -> None:
         if self.deferred:
             _workers_started.wait(DASHBOARD_DEFER_MAX_S)
+        if self.port_hold is not None:
+            self.port_hold.release()  # Ray's own check binds it next
         if self.stopping:  # the command ended first: no dashboard to start
             self.published.set()
             return
@@ -144,7 +153,8 @@ def _start_api_server(self: ray_node.Node, *, include_dashboard, raise_on_failur
                                      raise_on_failure=raise_on_failure)
     start = _DashboardStart(self, {"include_dashboard": include_dashboard,
                                    "raise_on_failure": raise_on_failure},
-                            deferred=getattr(_enabled, "defer_dashboard", False))
+                            deferred=getattr(_enabled, "defer_dashboard", False),
+                            port_hold=getattr(_enabled, "dashboard_port_hold", None))
     self._orchestrator_dashboard_start = start
     thread_for(start.run, "ray-dashboard-start").start()
     self._webui_url = build_address(params.dashboard_host, params.dashboard_port)
@@ -156,6 +166,11 @@ def _node_init(self: ray_node.Node, ray_params, *args, **kwargs):
         ray_params.include_log_monitor = False  # kept: Ray sets it only where it is None
     if getattr(_enabled, "on", False) and not _enabled.monitor:
         ray_params.no_monitor = True
+    if getattr(_enabled, "on", False) and \
+            ray_params.dashboard_agent_listen_port == ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT:
+        # ray.init has no key for it: a fixed 52365, taken by any other Ray on the machine
+        # (its agent then serves no HTTP: no `ray job submit` to this head). 0: the kernel's.
+        ray_params.dashboard_agent_listen_port = 0
     _ray_node_init(self, ray_params, *args, **kwargs)
 
 
@@ -167,10 +182,11 @@ def _start_ray_processes(self: ray_node.Node):
 
 
 def wait_for_registration(node: ray_node.Node) -> None:
-    """Until the node's raylet has registered with the GCS, asked every REGISTER_POLL_S; its
-    agents are put at the dashboard's priority as they appear meanwhile. Any failure (a raylet
-    that exited, a GCS that does not answer) leaves the verdict to Ray's own wait, which comes
-    next."""
+    """Until the node's raylet has registered with the GCS, asked every REGISTER_POLL_S, up
+    to REGISTER_WAIT_S while the raylet lives; its agents are put at the dashboard's priority
+    as they appear meanwhile. A raylet that exited, or an ask that cannot be made, leaves the
+    verdict to Ray's own wait, which comes next; an ask the busy GCS did not answer in time is
+    asked again."""
     from ray._raylet import NodeID
     from ray.core.generated.gcs_pb2 import GcsNodeInfo
     from ray.core.generated.gcs_service_pb2 import GetAllNodeInfoRequest
@@ -184,11 +200,14 @@ def wait_for_registration(node: ray_node.Node) -> None:
         while time.monotonic() < deadline and all(r.process.poll() is None for r in raylets):
             for raylet in raylets:
                 _lower_agents(raylet.process.pid, reniced)
-            if client.get_all_node_info(timeout=5, node_selectors=[selector],
-                                        state_filter=GcsNodeInfo.GcsNodeState.ALIVE):
-                return
+            try:
+                if client.get_all_node_info(timeout=5, node_selectors=[selector],
+                                            state_filter=GcsNodeInfo.GcsNodeState.ALIVE):
+                    return
+            except Exception as exc:  # noqa: BLE001  (a GCS that busy: ask again)
+                log.debug("the GCS did not answer yet: %s", exc)
             time.sleep(REGISTER_POLL_S)
-    except Exception as exc:  # noqa: BLE001  (a speed-up only)
+    except Exception as exc:  # noqa: BLE001  (Ray's own wait decides)
         log.debug("not waiting for the raylet's registration: %s", exc)
 
 
@@ -209,13 +228,17 @@ def _lower_agents(raylet_pid: int, reniced: set[int]) -> None:
 
 
 @contextlib.contextmanager
-def embedded_head(log_monitor: bool, monitor: bool = True, defer_dashboard: bool = False):
+def embedded_head(log_monitor: bool, monitor: bool = True, defer_dashboard: bool = False,
+                  dashboard_port_hold=None):
     """For a ray.init in this thread that starts a head (a dashboard with a chosen port starts
     beside the raylet); ``log_monitor``, ``monitor``: whether the head starts its log monitor,
     its autoscaler monitor; ``defer_dashboard``: its dashboard starts at dashboard_may_start()
-    (or DASHBOARD_DEFER_MAX_S later), not beside the raylet."""
+    (or DASHBOARD_DEFER_MAX_S later), not beside the raylet; ``dashboard_port_hold``: what
+    holds the dashboard's port until it starts (its ``release()`` is called then). The
+    dashboard agent's HTTP port is one the kernel gives."""
     _enabled.on, _enabled.log_monitor, _enabled.monitor = True, log_monitor, monitor
     _enabled.defer_dashboard = defer_dashboard
+    _enabled.dashboard_port_hold = dashboard_port_hold
     if defer_dashboard:
         _workers_started.clear()
     try:
