@@ -245,7 +245,7 @@ def test_the_sweeps_driver_removes_the_groups_of_dead_trial_controllers_only(mon
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
         @ray.remote(num_cpus=0)
-        class Controller:  # makes and registers a group, as a trial's controller does
+        class TrainController:  # makes and registers a group, as a trial's controller does
             def start(self, cpus: float) -> str:
                 group = placement_group([{"CPU": cpus}])
                 ray.get(group.ready(), timeout=30)
@@ -256,6 +256,12 @@ def test_the_sweeps_driver_removes_the_groups_of_dead_trial_controllers_only(mon
             def end(self) -> None:  # a run that ended: its controller removed its group
                 ray.util.remove_placement_group(self.group)
 
+            def unregistered(self) -> str:  # made as the job ends, before its registration
+                group = placement_group([{"CPU": 0.25}])
+                ray.get(group.ready(), timeout=30)
+                return group.id.hex()
+
+        Controller = TrainController
         stopped, live, ended = Controller.remote(), Controller.remote(), Controller.remote()
         ids = ray.get([stopped.start.remote(0.5), live.start.remote(0.5), ended.start.remote(0.5)])
         ray.get(ended.end.remote())
@@ -267,6 +273,14 @@ def test_the_sweeps_driver_removes_the_groups_of_dead_trial_controllers_only(mon
         assert state == {ids[0]: "REMOVED", ids[1]: "CREATED", ids[2]: "REMOVED"}
         left = internal_kv._internal_kv_list(pg_cleaner.key_prefix(), namespace=pg_cleaner.NAMESPACE)
         assert [k.decode().rsplit(":", 1)[1] for k in left] == [ids[1]]  # the live one's entry
+        # The sweep's end: once its controllers are gone, nothing its job made stays held.
+        late = ray.get(live.unregistered.remote())
+        assert pg_cleaner.live_controllers() == [live._actor_id.hex()]
+        assert set(pg_cleaner.groups_of_this_job()) == {ids[1], late}
+        ray.kill(live)
+        assert sorted(pg_cleaner.release_the_jobs_groups(wait_s=60)) == sorted([ids[1], late])
+        assert pg_cleaner.groups_of_this_job() == [] and pg_cleaner.live_controllers() == []
+        assert internal_kv._internal_kv_list(pg_cleaner.key_prefix(), namespace=pg_cleaner.NAMESPACE) == []
     finally:
         ray.shutdown()
 

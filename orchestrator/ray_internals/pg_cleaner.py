@@ -13,13 +13,21 @@ outlives every trial, removes the groups whose controller is dead, about once a 
 (``remove_orphaned_groups``, called from orchestrator/sweep/placement_groups.py). A
 controller that ends normally removes its own group, and its entry goes on the next pass.
 
-Private Ray interfaces (the internal key-value store, the GCS actor table, Ray Train's
-callback classes): tests/test_ray_internals.py checks them against the installed Ray.
+When the sweep ends (all trials done, or a Ctrl-C), the driver waits for its trials'
+controllers to be gone and then removes every placement group its job still holds
+(``release_the_jobs_groups``): a Ctrl-C'd sweep on a joined cluster once left two groups that
+controllers stopping with the job had just made, holding the head's CPUs until it restarted
+(Ray removes a job's groups as the job ends, not those made while it ends).
+
+Private Ray interfaces (the internal key-value store, the GCS actor and placement group
+tables, Ray Train's callback classes): tests/test_ray_internals.py checks them against the
+installed Ray.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import ray
 from ray._private import state as ray_state
@@ -82,4 +90,49 @@ def remove_orphaned_groups() -> list[str]:
         internal_kv._internal_kv_del(key, namespace=NAMESPACE)
     if removed:
         log.info("removed the placement groups of %d stopped trials", len(removed))
+    return removed
+
+
+# Ray Train's controller actor's class (its name ends so whatever module defines it).
+CONTROLLER_CLASS_SUFFIX = "TrainController"
+
+
+def live_controllers() -> list[str]:
+    """This job's Ray Train controllers not yet dead (the trials' own, starting or stopping)."""
+    job = ray.get_runtime_context().get_job_id()
+    return [actor_id for actor_id, info in ray_state.actors().items()
+            if info.get("JobID") == job and info.get("State") != "DEAD"
+            and str(info.get("ActorClassName", "")).endswith(CONTROLLER_CLASS_SUFFIX)]
+
+
+def groups_of_this_job() -> list[str]:
+    """The placement groups this job made that Ray has not removed (ids)."""
+    from ray.core.generated import gcs_pb2
+
+    job = bytes.fromhex(ray.get_runtime_context().get_job_id())
+    accessor = ray_state.state._connect_and_get_accessor()
+    held = []
+    for raw in accessor.get_placement_group_table():
+        info = gcs_pb2.PlacementGroupTableData.FromString(raw)
+        if info.creator_job_id == job and info.state != gcs_pb2.PlacementGroupTableData.REMOVED:
+            held.append(info.placement_group_id.hex())
+    return held
+
+
+def release_the_jobs_groups(wait_s: float = 30.0, poll_s: float = 0.2) -> list[str]:
+    """At a sweep's end: once no controller of its job is alive (up to ``wait_s``), remove
+    every placement group the job still holds, and forget the registered ones; the ids of
+    those removed."""
+    deadline = time.monotonic() + wait_s
+    while live_controllers() and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    removed = []
+    for group_id in groups_of_this_job():
+        remove_placement_group(group_by_id(group_id))
+        removed.append(group_id)
+    for key in internal_kv._internal_kv_list(key_prefix(), namespace=NAMESPACE):
+        internal_kv._internal_kv_del(key, namespace=NAMESPACE)
+    if removed:
+        log.info("removed %d placement groups the sweep's stopped trials still held",
+                 len(removed))
     return removed

@@ -174,7 +174,10 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
                            metric_required=needs_metric(conf))
         tuner = make_tuner(conf, ctx, sweep_dir, grid, at_once, int(config.get("seed", 0)))
         with StopOnCtrlC() as ctrl_c:
-            results = tuner.fit()
+            try:
+                results = tuner.fit()
+            finally:  # a joined cluster outlives the sweep: nothing of its trials stays there
+                release_trial_groups(session)
         rows = [trial_row(r, space, cluster.workers, ctrl_c.seen) for r in results]
     summary = summarize(conf, name, sweep_dir, space, rows, at_once, budget, started)
     summary["status"] = "interrupted" if ctrl_c.seen else "done"
@@ -186,6 +189,19 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
                     "rest, each from its newest checkpoint", name)
         return 130
     return 1 if failed else 0
+
+
+def release_trial_groups(session) -> None:
+    """What the sweep's trials still hold on a cluster that outlives the sweep (a joined one:
+    an embedded Ray ends with it), removed once their controllers are gone."""
+    if not session.joined:
+        return
+    from orchestrator.ray_internals.pg_cleaner import release_the_jobs_groups
+
+    try:
+        release_the_jobs_groups()
+    except Exception as exc:  # noqa: BLE001  (the cluster going away: it frees them itself)
+        log.warning("the placement groups of the sweep's trials were not checked: %s", exc)
 
 
 @contextmanager
