@@ -193,6 +193,53 @@ def http_status(url: str, headers: dict) -> int:
         return exc.code
 
 
+class Beside:
+    """A short default command run beside another on the same machine, asking for the same
+    dashboard port, held at step 1 until its dashboard was seen."""
+
+    def __init__(self, tmp_path: Path, dash: int):
+        self.run_dir, self.out_path = tmp_path / "beside", tmp_path / "beside.txt"
+        self.gate = tmp_path / "beside-gate"
+        self.gate.touch()
+        with open(self.out_path, "w") as out:
+            self.proc = subprocess.Popen(
+                cli_command(self.run_dir, f"storage.uri={tmp_path / 'ckpt-beside'}",
+                            f"cluster.dashboard_port={dash}", "trainer.max_steps=4",
+                            "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={self.gate}",
+                            "+trainer.hold_at=1", "+trainer.pace_s=0"),
+                cwd=REPO, env=cli_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+        self.returncode: int | None = None
+
+    @property
+    def output(self) -> str:
+        return self.out_path.read_text()
+
+    def check_its_dashboard(self, taken: int) -> None:
+        deadline = time.monotonic() + 300
+        found = None
+        while found is None and time.monotonic() < deadline and self.proc.poll() is None:
+            found = re.search(r"Ray dashboard: (http://127\.0\.0\.1:(\d+))", self.output)
+            time.sleep(0.2)
+        assert found, self.output[-3000:]
+        assert int(found.group(2)) != taken, self.output[-3000:]
+        status = None
+        while status is None and time.monotonic() < deadline:
+            try:
+                status = http_status(f"{found.group(1)}/api/version", token_headers())
+            except OSError:  # it starts once the workers have (head_start.py)
+                time.sleep(0.2)
+        assert status == 200, self.output[-3000:]
+        self.gate.unlink()
+
+    def end(self) -> None:
+        self.gate.unlink(missing_ok=True)
+        try:
+            self.returncode = self.proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGINT)
+            self.returncode = self.proc.wait(timeout=60)
+
+
 def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
     run_dir, out_path, dash = tmp_path / "run", tmp_path / "out.txt", free_port()
     gate = tmp_path / "gate"  # the run holds at step 3000 until the metrics showed the restart
@@ -204,7 +251,15 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
                         "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
                         "+trainer.hold_at=3000", "+trainer.pace_s=0"),
             cwd=REPO, env=cli_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+    beside = None
     try:
+        # A second command started beside it once it chose its dashboard's port (the dashboard
+        # itself starts later, once the workers have), asking for the same port: it gets
+        # another, prints it, and its dashboard answers there (it holds at step 1 until seen).
+        deadline = time.monotonic() + 300
+        while "Ray dashboard:" not in out_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        beside = Beside(tmp_path, dash)
         # (a generous wait: Ray's start-up alone took minutes on the shared 2-core machine)
         rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, run_dir,
                        timeout=480)
@@ -230,6 +285,7 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
         workers_born = max(int(start_time(w["pid"])) for w in rec["workers"])
         bound = int(start_time(proc.pid)) + DASHBOARD_DEFER_MAX_S * os.sysconf("SC_CLK_TCK")
         assert len(dashboards) == 1 and int(start_time(dashboards[0])) > min(workers_born, bound)
+        beside.check_its_dashboard(dash)
         if token_headers():
             assert "ray get-auth-token" in text
             assert http_status(f"{dashboard}/api/version", token_headers()) == 200
@@ -262,6 +318,8 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
         assert proc.wait(timeout=600) == 0, out_path.read_text()[-4000:]
     finally:
         gate.unlink(missing_ok=True)
+        if beside is not None:
+            beside.end()
         if proc.poll() is None:  # Ctrl-C: the command stops its embedded Ray itself
             proc.send_signal(signal.SIGINT)
             try:
@@ -282,6 +340,8 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
     assert [r.step for r in kept] == sorted({rec["world_sizes"][1]["step"], *newest})
     assert kept[-1].step == rec["steps"]
     assert f"Ray dashboard: http://127.0.0.1:{dash}" in output and "test_accuracy=" in output
+    assert "did not start" not in output + beside.output, beside.output[-3000:]
+    assert beside.returncode == 0 and read_record(beside.run_dir)["status"] == "succeeded"
     assert str(run_dir / "run.json") in output
 
     # Metrics: every series, tagged by run and trainer, with sane values.
