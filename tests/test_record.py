@@ -166,7 +166,12 @@ def test_a_ray_that_does_not_start_is_one_line(monkeypatch):
     from orchestrator.driver.ray_session import RaySession
     from orchestrator.errors import ConfigError
 
-    def broken(**kwargs):
+    import subprocess
+
+    started = []
+
+    def broken(**kwargs):  # as Ray's: processes started (a GCS, an agent), then the error
+        started.append(subprocess.Popen(["sleep", "600"]))
         raise RuntimeError("The current node timed out during startup.\nTraceback (most recent "
                            "call last):\n...")
 
@@ -182,6 +187,8 @@ def test_a_ray_that_does_not_start_is_one_line(monkeypatch):
                               "too busy (load average "), message
     assert message.endswith("run the command again when it is less busy, or start Ray yourself "
                             "(`ray start --head`) and join it with cluster.address=auto"), message
+    # what the failed start left running is gone (Ray stops none of it)
+    assert started[0].wait(timeout=30) == -9
     # The embedded start made this process adopt orphans; with no session to close, it adopts
     # no more (it did: every daemon a later test's command started became this process's
     # zombie, and `python -m orchestrator.service stop` waited 60 s for one to end).

@@ -109,14 +109,16 @@ def stop_leftovers(procs: list[Process], grace_s: float) -> list[Process]:
     return left
 
 
-def kill_descendants(rounds: int = 50) -> None:
-    """Kill every process below this one, for a command that exits before it used them.
+def kill_descendants(rounds: int = 50, spare: set[Process] = frozenset()) -> None:
+    """Kill every process below this one but ``spare`` (those that were there before), for a
+    command that exits before it used them, or a Ray whose start failed.
     Each is stopped first (SIGSTOP), again until no new one appears: a stopped process starts
     no other, and none is orphaned out of the tree (a raylet killed first left the dashboard
     agent it was starting, reparented, running). Then all of them get SIGKILL."""
     stopped: set[Process] = set()
     for _ in range(rounds):
-        found = [p for p in descendants(os.getpid()) if p not in stopped and running(p)]
+        found = [p for p in descendants(os.getpid())
+                 if p not in stopped and p not in spare and running(p)]
         if not found:
             break
         for proc in found:

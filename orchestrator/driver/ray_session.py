@@ -218,6 +218,7 @@ class RaySession:
             # A free port, held until the dashboard starts (driver/ports.py): two commands
             # side by side both get one.
             hold = self._dashboard_hold = PortHold(c.dashboard_port) if c.dashboard else None
+            before = set(descendants(os.getpid()))
             # The workers' output is streamed only where it is shown (a service serves only
             # commands of its own log.ray_verbose); the autoscaler's monitor only for a
             # service's head, which users may inspect with `ray status` (head_start.py).
@@ -237,6 +238,9 @@ class RaySession:
                 stopping()  # a dashboard still starting fails with this Ray: not news
                 if hold:
                     hold.release()
+                # What the failed start left running (its GCS, dashboard, agents: Ray stops
+                # none of them) ends here, with nothing of this process's own before it.
+                kill_descendants(spare=before)
                 adopt_orphans(False)  # no session to close: this process adopts no more
                 raise
         url = getattr(context, "dashboard_url", None)

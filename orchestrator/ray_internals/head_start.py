@@ -43,11 +43,11 @@ core's GlobalStateAccessor::GetNode sleeps 1 s between asks): ~0.5 s lost on ave
 The head's start now asks every REGISTER_POLL_S first; Ray's own wait then finds the node at
 its first ask. Ray's wait gives up after a fixed 30 s, which a loaded machine misses; this one
 waits REGISTER_WAIT_S while the raylet lives (correctness: a busy machine delays the start, it
-does not fail it). While it asks, the raylet's two agents (its dashboard agent, ~0.8 CPU-s, and its
-runtime-env agent; its only children before it registers) are put at the dashboard's priority:
-at Ray's they shared the cores with the driver's trial of the user's parts, which is the longer
-path (`--fixed-tree` against the tree before: 8.72 vs 9.03 s, every one of 5 pairs faster,
-results/2026-11-29-fixed_cost-agents-nice.json).
+does not fail it). The raylet's two agents stay at Ray's priority: the raylet gives each 15 s
+to write down its ports and crashes when one misses that ("Timed out waiting for file
+.../metrics_agent_port_..."); put at the dashboard's priority (3% off a quiet machine's
+command, results/2026-11-29-fixed_cost-agents-nice.json), they missed it beside two busy
+loops, every time.
 
 The log monitor sends the workers' output to drivers that ask for it (ray.init's
 log_to_driver); a command that does not (log.ray_verbose=false) need not start it
@@ -64,7 +64,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -94,6 +93,7 @@ DASHBOARD_NICENESS = 15
 # A command's dashboard starts once its workers have (dashboard_may_start), or this long after
 # Ray's start, whichever comes first.
 DASHBOARD_DEFER_MAX_S = 15.0
+DASHBOARD_START_WAIT_S = 600
 _workers_started = threading.Event()
 
 
@@ -151,6 +151,11 @@ def _start_api_server(self: ray_node.Node, *, include_dashboard, raise_on_failur
     if not (getattr(_enabled, "on", False) and include_dashboard and params.dashboard_port):
         return _ray_start_api_server(self, include_dashboard=include_dashboard,
                                      raise_on_failure=raise_on_failure)
+    # Ray waits RAY_DASHBOARD_STARTUP_TIMEOUT_S (60 s) for the dashboard to publish its
+    # address, then reports it failed: at nice 15 on a loaded machine it took longer. Its start
+    # holds nothing up here (a thread of its own), so it is given the time it needs.
+    ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S = max(
+        ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S, DASHBOARD_START_WAIT_S)
     start = _DashboardStart(self, {"include_dashboard": include_dashboard,
                                    "raise_on_failure": raise_on_failure},
                             deferred=getattr(_enabled, "defer_dashboard", False),
@@ -166,12 +171,18 @@ def _node_init(self: ray_node.Node, ray_params, *args, **kwargs):
         ray_params.include_log_monitor = False  # kept: Ray sets it only where it is None
     if getattr(_enabled, "on", False) and not _enabled.monitor:
         ray_params.no_monitor = True
-    if getattr(_enabled, "on", False) and \
-            ray_params.dashboard_agent_listen_port == ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT:
-        # ray.init has no key for it: a fixed 52365, taken by any other Ray on the machine
-        # (its agent then serves no HTTP: no `ray job submit` to this head). 0: the kernel's.
-        ray_params.dashboard_agent_listen_port = 0
+    if getattr(_enabled, "on", False):
+        agent_ports(ray_params)
     _ray_node_init(self, ray_params, *args, **kwargs)
+
+
+def agent_ports(ray_params) -> None:
+    """ray.init has no key for the dashboard agent's HTTP port: a fixed 52365, taken by any
+    other Ray on the machine (its agent then serves no HTTP: no `ray job submit` to this
+    head). 0: one the kernel gives, which the agent writes down for the raylet, as it does
+    for its other ports."""
+    if ray_params.dashboard_agent_listen_port == ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT:
+        ray_params.dashboard_agent_listen_port = 0
 
 
 @functools.wraps(_ray_start_ray_processes)
@@ -183,8 +194,7 @@ def _start_ray_processes(self: ray_node.Node):
 
 def wait_for_registration(node: ray_node.Node) -> None:
     """Until the node's raylet has registered with the GCS, asked every REGISTER_POLL_S, up
-    to REGISTER_WAIT_S while the raylet lives; its agents are put at the dashboard's priority
-    as they appear meanwhile. A raylet that exited, or an ask that cannot be made, leaves the
+    to REGISTER_WAIT_S while the raylet lives. A raylet that exited, or an ask that cannot be made, leaves the
     verdict to Ray's own wait, which comes next; an ask the busy GCS did not answer in time is
     asked again."""
     from ray._raylet import NodeID
@@ -196,10 +206,7 @@ def wait_for_registration(node: ray_node.Node) -> None:
         client = node.get_gcs_client()
         raylets = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET, [])
         deadline = time.monotonic() + REGISTER_WAIT_S
-        reniced: set[int] = set()
         while time.monotonic() < deadline and all(r.process.poll() is None for r in raylets):
-            for raylet in raylets:
-                _lower_agents(raylet.process.pid, reniced)
             try:
                 if client.get_all_node_info(timeout=5, node_selectors=[selector],
                                             state_filter=GcsNodeInfo.GcsNodeState.ALIVE):
@@ -209,22 +216,6 @@ def wait_for_registration(node: ray_node.Node) -> None:
             time.sleep(REGISTER_POLL_S)
     except Exception as exc:  # noqa: BLE001  (Ray's own wait decides)
         log.debug("not waiting for the raylet's registration: %s", exc)
-
-
-def _lower_agents(raylet_pid: int, reniced: set[int]) -> None:
-    """The raylet's agents (its only children before it registers) to the dashboard's priority."""
-    for task in os.listdir(f"/proc/{raylet_pid}/task"):
-        try:
-            children = [int(c) for c in open(f"/proc/{raylet_pid}/task/{task}/children").read().split()]
-        except OSError:
-            continue
-        for pid in set(children) - reniced:
-            reniced.add(pid)
-            try:
-                os.setpriority(os.PRIO_PROCESS, pid,
-                               min(19, os.getpriority(os.PRIO_PROCESS, pid) + DASHBOARD_NICENESS))
-            except OSError:
-                pass
 
 
 @contextlib.contextmanager
