@@ -368,3 +368,197 @@ def test_every_variable_the_script_is_given_is_refused_in_the_command_but_the_tu
             parse_command(f"{name}=1 python t.py")
     for name in tunable:
         assert parse_command(f"{name}=4 python t.py").env == {name: "4"}
+
+
+def refused_line(folder_maker) -> str:
+    from trainers.script.folders import ScriptFolderNotPrivate
+
+    with pytest.raises(ScriptFolderNotPrivate) as refused:
+        folder_maker()
+    assert refused.value.retry is False and "\n" not in str(refused.value)
+    return str(refused.value)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="plants a folder owned by another user: root")
+def test_a_folder_another_user_planted_where_the_script_runs_is_never_used(tmp_path, monkeypatch):
+    """Issue: /tmp/orchestrator-script was whoever's made it first; a 0777 one planted before
+    the first run could swap the run's folder (its train.py) and read the checkpoints put
+    back. The node's folder is a new one in this user's private base; a base planted by
+    another user stops the run with one line, and nothing is written into it."""
+    import tempfile
+
+    from orchestrator.private_dir import BASE_VARIABLE
+    from trainers.script.folders import NodeFolder, folder_prefix, script_base
+
+    def plant(path):
+        path.mkdir()
+        path.chmod(0o777)
+        os.chown(path, 65534, 65534)
+        return path
+
+    monkeypatch.delenv(BASE_VARIABLE, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old = plant(tmp_path / "orchestrator-script")  # the old, shared location
+    folder = NodeFolder(script_base(), folder_prefix("run", "ab12cd34", 0))
+    assert folder.path.parent == tmp_path / f"orchestrator-{os.getuid()}" / "script"
+    assert list(old.iterdir()) == []
+    for private in (folder.path, folder.path.parent, folder.path.parent.parent):
+        info = os.lstat(private)
+        assert (info.st_uid, info.st_mode & 0o777) == (os.getuid(), 0o700)
+    folder.remove()
+    # The new location planted before this user's first run: refused, never used.
+    monkeypatch.setenv(BASE_VARIABLE, str(tmp_path / "mine"))
+    (tmp_path / "mine").mkdir(mode=0o700)
+    planted = plant(tmp_path / "mine" / "script")
+    assert "is not this user's alone (owned by uid 65534)" in refused_line(script_base)
+    monkeypatch.setenv(BASE_VARIABLE, str(tmp_path / "theirs"))
+    plant(tmp_path / "theirs")
+    assert "owned by uid 65534" in refused_line(script_base)
+    # A link planted where the base goes is refused too, not followed.
+    monkeypatch.setenv(BASE_VARIABLE, str(tmp_path / "linked"))
+    (tmp_path / "linked").mkdir(mode=0o700)
+    (tmp_path / "linked" / "script").symlink_to(planted)
+    assert "it is a symbolic link" in refused_line(script_base)
+    assert list(planted.iterdir()) == []
+
+
+HOLD_A_NODE_FOLDER = """
+import sys, time
+from pathlib import Path
+from trainers.script.folders import NodeFolder
+folder = NodeFolder(Path(sys.argv[1]), sys.argv[2])
+(folder.path / "work").mkdir()
+print(folder.path, flush=True)
+time.sleep(600)
+"""
+
+
+def test_two_live_runs_of_one_name_keep_their_folders_and_a_killed_ones_goes(tmp_path):
+    """Issue: a run removed every <run>-* folder but its own on start, a live run's of the
+    same name too. Now a folder goes only once its worker is gone (its lock is free), and
+    only where this host made it; the node's other ranks find the one their local rank 0 made."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trainers.script.folders import (
+        OWNER,
+        NodeFolder,
+        folder_prefix,
+        node_folder_made,
+        remove_abandoned,
+    )
+
+    base = tmp_path / "script"
+    base.mkdir(mode=0o700)
+
+    def hold(attempt):
+        proc = subprocess.Popen([sys.executable, "-c", HOLD_A_NODE_FOLDER, str(base),
+                                 folder_prefix("train", attempt, 0)], stdout=subprocess.PIPE,
+                                text=True, cwd=Path(__file__).parent.parent)
+        return proc, Path(proc.stdout.readline().strip())
+
+    (killed, dead), (alive, live) = hold("aaaa1111"), hold("bbbb2222")
+    elsewhere = base / "train-cccc3333-node0-x"  # a shared TMPDIR: another machine's
+    elsewhere.mkdir()
+    (elsewhere / OWNER).write_text("another-host")
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=60)
+        assert (dead / "work").is_dir()  # a killed worker cleans nothing
+        mine = NodeFolder(base, folder_prefix("train", "dddd4444", 0))  # the same run name
+        assert not dead.exists() and (live / "work").is_dir() and elsewhere.exists()
+        same_process = NodeFolder(base, folder_prefix("train", "eeee5555", 0))
+        assert mine.path.is_dir() and same_process.path.is_dir()
+        assert remove_abandoned(base) == []  # every live one stays
+        assert node_folder_made(base, folder_prefix("train", "dddd4444", 0)) == mine.path
+        assert NodeFolder(base, mine.path.name[:-8]).path != mine.path  # never one made before
+        alive.send_signal(signal.SIGKILL)
+        alive.wait(timeout=60)
+        mine.remove()
+        assert not mine.path.exists() and not live.exists() and same_process.path.is_dir()
+    finally:
+        for proc in (killed, alive):
+            proc.kill()
+            proc.wait(timeout=60)
+
+
+def test_a_file_rewritten_while_it_is_copied_is_never_part_of_a_checkpoint(tmp_path, monkeypatch):
+    """Issue: the files taken earlier were copied into each checkpoint from the live folder
+    after a look at their size and time, never after the copy: one rewritten during the copy
+    was committed torn, with a hash that matched the torn copy. Now the copy is checked after
+    (the open file's fstat and its path): a torn one is never handed over, that checkpoint is
+    not committed, and the next one takes the file once it is closed and still again."""
+    from orchestrator.checkpoint.committer import Committer
+    from orchestrator.checkpoint.store import CheckpointStore
+    from orchestrator.storage.location import StorageSpec
+    from trainers.script import files
+
+    SIZE = 1 << 16  # more than a buffered read takes at once: the copy really tears
+    user = tmp_path / "user"
+    user.mkdir()
+    patterns = ["model.pt", "rng.pt"]
+    work, ckpt = make_node_folder(tmp_path / "node", user, patterns)
+    watcher = CheckpointWatcher(work, ckpt, patterns, tmp_path / "pending")
+    (work / "rng.pt").write_bytes(b"r" * SIZE)
+    os.utime(work / "rng.pt", ns=(10**18, 10**18))  # written a while ago, as a still file was
+    (work / "model.pt").write_bytes(b"1" * SIZE)
+    assert not watcher.poll() and watcher.poll()
+    store = CheckpointStore(StorageSpec(str(tmp_path / "run")))
+    failures = []
+    committer = Committer(store, 0, 1, "att", asynchronous=False,
+                          on_failure=lambda step, exc: failures.append(str(exc)))
+
+    def save(step):
+        folder = tmp_path / f"step_{step}"
+        folder.mkdir()
+        committer.snapshot(step, folder, {"step": step}, pending=watcher.write_into(folder, 0))
+
+    def committed(step):
+        (ref,) = [r for r in store.committed() if r.step == step]
+        return store.load(ref)[0]
+
+    save(1)
+    assert committed(1) == {"node_0/work/model.pt": b"1" * SIZE,
+                            "node_0/work/rng.pt": b"r" * SIZE}
+
+    real_copy = files.copy_bytes
+    torn = []
+
+    def rewritten_mid_copy(name):
+        def copy(source, dest):
+            dest.write(source.read(100))  # the first bytes of the version taken
+            if not torn:  # the script saves over it in place, the same size
+                torn.append(name)
+                with open(work / name, "r+b") as f:
+                    f.write(b"X" * SIZE)
+            real_copy(source, dest)
+        return copy
+
+    # A new model.pt, taken aside at a poll; rng.pt, unchanged since checkpoint 1, is
+    # rewritten while the next checkpoint copies it.
+    (work / "model.pt").write_bytes(b"2" * (SIZE + 1))
+    assert not watcher.poll() and watcher.poll()
+    monkeypatch.setattr(files, "copy_bytes", rewritten_mid_copy("rng.pt"))
+    save(2)
+    assert torn == ["rng.pt"] and [r.step for r in store.committed()] == [1]
+    assert len(failures) == 1 and "rng.pt changed while it was being copied" in failures[0]
+    # The new rng.pt is taken once closed and still, a whole copy, with model.pt's 2.
+    monkeypatch.setattr(files, "copy_bytes", real_copy)
+    assert not watcher.poll() and watcher.poll()
+    save(3)
+    assert committed(3) == {"node_0/work/model.pt": b"2" * (SIZE + 1),
+                            "node_0/work/rng.pt": b"X" * SIZE}
+
+    # A file rewritten while a poll copies it aside is not taken at that poll either.
+    (work / "model.pt").write_bytes(b"3" * SIZE)
+    os.utime(work / "model.pt", ns=(10**18, 10**18))
+    torn.clear()
+    monkeypatch.setattr(files, "copy_bytes", rewritten_mid_copy("model.pt"))
+    assert not watcher.poll() and not watcher.poll() and not watcher.has_new()
+    assert torn == ["model.pt"]
+    monkeypatch.setattr(files, "copy_bytes", real_copy)
+    assert not watcher.poll() and watcher.poll()  # the new version, once still
+    save(4)
+    assert committed(4)["node_0/work/model.pt"] == b"X" * SIZE

@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -160,13 +163,14 @@ def test_which_commands_are_handed_to_a_service(argv, seconds):
 
 
 def test_a_service_folder_of_another_user_or_open_to_others_is_refused(tmp_path, monkeypatch):
-    from orchestrator.service.place import SERVICE_DIR, ServiceError, service_dir
+    from orchestrator.private_dir import NotPrivateError
+    from orchestrator.service.place import SERVICE_DIR, service_dir
 
     folder = tmp_path / "svc"
     folder.mkdir(mode=0o755)
     folder.chmod(0o755)
     monkeypatch.setenv(SERVICE_DIR, str(folder))
-    with pytest.raises(ServiceError, match="not this user's alone"):
+    with pytest.raises(NotPrivateError, match="not this user's alone"):
         service_dir()
     folder.chmod(0o700)
     assert service_dir() == folder
@@ -184,7 +188,6 @@ def test_stop_waits_for_the_services_end_not_for_its_zombie_to_be_reaped():
     wait_stopped(ended.pid, timeout_s=30)
     assert time.monotonic() - started < 5
     ended.wait()
-
 
 
 def test_a_served_commands_variables_reach_its_workers_and_other_credentials_are_not_served(
@@ -209,3 +212,284 @@ def test_a_served_commands_variables_reach_its_workers_and_other_credentials_are
     assert served_env.for_workers() == {"MY_FLAG": "2", "OMP_NUM_THREADS": "4"}
     monkeypatch.setattr(served_env, "ray_started_with", None)  # a plain command: nothing
     assert served_env.for_workers() == {} and served_env.credentials_differ(second) == []
+
+
+# Run as root: binds (or makes its socket) as root, then becomes another user before it listens
+# (or connects), so the kernel records that user for the peer; what it received is printed.
+AS_ANOTHER_USER = """
+import os, socket, sys
+role, path, uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+if role == "listen":
+    sock.bind(path)
+os.setgid(uid)
+os.setuid(uid)
+if role == "listen":
+    sock.listen(1)
+    print("listening", flush=True)
+    sock, _ = sock.accept()
+    print("accepted", flush=True)
+else:
+    sock.connect(path)
+sock.settimeout(10)
+received = 0
+try:
+    if role == "connect":
+        sock.sendall(b'{"stop": true}\\n')  # the service may have closed it already
+    while chunk := sock.recv(65536):
+        received += len(chunk)
+except OSError:
+    pass
+print(received, flush=True)
+"""
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root, to act as another user")
+
+
+def socket_in(folder: Path) -> Path:
+    from orchestrator.service.place import service_name
+
+    return folder / f"service-{service_name()}.sock"
+
+
+def as_user(role: str, path: Path, uid: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", AS_ANOTHER_USER, role, str(path), str(uid)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def listening(path: Path, uid: int) -> subprocess.Popen:
+    listener = as_user("listen", path, uid)
+    assert listener.stdout.readline() == "listening\n"
+    return listener
+
+
+def ended_with(process: subprocess.Popen) -> list[str]:
+    """What it printed, once ended (killed where it still waits)."""
+    try:
+        out, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, _ = process.communicate()
+    return out.split()
+
+
+@pytest.fixture
+def own_handlers():
+    """hand_over relays the signals, Service.serve sets SIGINT's: pytest's are put back."""
+    saved = {signum: signal.getsignal(signum)
+             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.fixture
+def no_service_started(monkeypatch):
+    """A command that would start a real service (or wait for one to go) runs on its own."""
+    from orchestrator.service import client
+
+    monkeypatch.setattr(client, "start_service", lambda *where: None)
+    monkeypatch.setattr(client, "wait_gone", lambda *where: None)
+
+
+def test_a_service_folder_that_is_a_link_or_a_file_is_refused_before_anything_is_sent(
+        tmp_path, monkeypatch, capsys, own_handlers, no_service_started):
+    from orchestrator.service.client import hand_over
+    from orchestrator.service.place import SERVICE_DIR
+
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    listener = listening(socket_in(real), os.getuid())  # a service there, of this user's
+    monkeypatch.setenv(SERVICE_DIR, str(tmp_path / "link"))
+    assert hand_over(["cluster.keep_alive=60"], 0.0) is None
+    listener.kill()
+    assert "accepted" not in ended_with(listener)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"cluster.keep_alive: {tmp_path / 'link'} is not this user's alone (it is a "
+                   f"symbolic link); set {SERVICE_DIR} to a folder of your own; this command "
+                   "runs on its own"], err
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(SERVICE_DIR, str(tmp_path / "file"))
+    assert hand_over(["cluster.keep_alive=60"], 0.0) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "(it is not a directory)" in err[0], err
+
+
+def test_the_socket_and_the_log_are_never_followed_through_a_link(tmp_path):
+    from orchestrator.service.client import open_log
+    from orchestrator.service.place import connect
+
+    elsewhere = tmp_path / "elsewhere.sock"
+    listener = listening(elsewhere, os.getuid())
+    (tmp_path / "service.sock").symlink_to(elsewhere)
+    assert connect(tmp_path / "service.sock") is None
+    listener.kill()
+    assert "accepted" not in ended_with(listener)
+
+    target = tmp_path / "someone-elses-file"
+    target.write_text("theirs\n")
+    (tmp_path / "service.log").symlink_to(target)
+    with pytest.raises(OSError, match="symbolic links"):
+        open_log(tmp_path / "service.log")
+    assert target.read_text() == "theirs\n"
+
+
+@as_root
+def test_a_listener_of_another_user_is_refused_before_anything_is_sent(
+        tmp_path, monkeypatch, capsys, own_handlers, no_service_started):
+    from orchestrator.service.client import hand_over
+    from orchestrator.service.place import SERVICE_DIR
+
+    folder = tmp_path / "svc"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv(SERVICE_DIR, str(folder))
+    listener = listening(socket_in(folder), NOBODY)
+    assert hand_over(["cluster.keep_alive=60"], 0.0) is None
+    assert ended_with(listener) == ["accepted", "0"]  # connected, then closed: nothing sent
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"cluster.keep_alive: the service's socket {socket_in(folder)} is held by "
+                   f"uid {NOBODY}, not by this user; remove it, or set {SERVICE_DIR} to a "
+                   "folder of your own; this command runs on its own"], err
+
+
+@as_root
+def test_the_service_drops_a_client_of_another_user_unanswered(monkeypatch):
+    import tempfile
+    import threading
+
+    from orchestrator.service import server
+    from orchestrator.service.place import Reader, send
+
+    folder = Path(tempfile.mkdtemp(prefix="svc-"))  # under /tmp: another user can reach it
+    monkeypatch.setenv("ORCHESTRATOR_SERVICE_DIR", str(folder))
+    service = server.Service()
+    try:
+        # The folder's and the socket's modes are the first lock: opened here to reach the
+        # second, the peer's uid.
+        folder.chmod(0o711)
+        service.path.chmod(0o666)
+        accepting = threading.Thread(target=service.accept, daemon=True)
+        accepting.start()
+        assert ended_with(as_user("connect", service.path, NOBODY)) == ["0"]
+        assert accepting.is_alive()  # its stop was not taken
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as mine:  # this user's: answered
+            mine.connect(str(service.path))
+            send(mine, {"stop": True})
+            assert Reader(mine).next() == {"stopping": os.getpid()}
+        accepting.join(timeout=10)
+        assert not accepting.is_alive()
+    finally:
+        service.listener.close()
+        shutil.rmtree(folder)
+
+
+def umask_now() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def terminal_now() -> list[tuple[int, int]]:
+    return [(os.fstat(fd).st_dev, os.fstat(fd).st_ino) for fd in (0, 1, 2)]
+
+
+def serve_one(service, cwd: Path, umask: int) -> tuple[list[dict], bytes]:
+    """A command handed to ``service`` as a client hands it (its stdin, stdout and stderr, the
+    last two a pipe read here): the service's replies, and what the command wrote."""
+    from orchestrator.service import server
+    from orchestrator.service.place import Reader
+
+    client, conn = socket.socketpair()
+    output, into = os.pipe()
+    fds = [os.open(os.devnull, os.O_RDONLY), into, os.dup(into)]
+    request = {"argv": ["trainer=function"], "cwd": str(cwd), "umask": umask,
+               "env": {**os.environ, "SERVED": "yes"}, "started_at": 0.0, "keep_alive_s": 60}
+    service.serve(server.Command(conn, Reader(conn), request, fds))
+    reader = Reader(client)
+    replies = [reader.next(), reader.next()]  # "started", then the last one, as a command does
+    client.close()  # which ends the service's relay of its signals
+    with os.fdopen(output, "rb") as pipe:  # every copy of its other end is closed by now
+        return replies, pipe.read()
+
+
+def test_a_command_whose_folder_cannot_be_entered_gets_one_error_line_and_the_next_runs(
+        tmp_path, monkeypatch, own_handlers):
+    """Set up and put back step by step: a failed chdir leaves the service's folder, terminal,
+    environment and umask as they were, and the next command runs with its own folder and
+    umask (the service's are back after it too)."""
+    import ray  # noqa: F401  (sets RAY_CLIENT_MODE as it imports: the service has it too)
+
+    from orchestrator.service import server
+
+    monkeypatch.setenv("ORCHESTRATOR_SERVICE_DIR", str(tmp_path / "svc"))
+    service = server.Service()
+    service.held = types.SimpleNamespace(folder=None, session=None)  # no Ray: no actors
+    ran = []
+
+    def run_command(request):
+        ran.append((os.getcwd(), umask_now(), os.environ.get("SERVED")))
+        os.write(1, b"the command's output\n")
+        return 0
+
+    monkeypatch.setattr(server, "run_command", run_command)
+    monkeypatch.setattr(server, "reset_logging", lambda: None)  # pytest's log capture stays
+    own_umask = os.umask(0o022)
+    try:
+        before = (os.getcwd(), terminal_now(), dict(os.environ), umask_now())
+        replies, output = serve_one(service, tmp_path / "gone", 0o077)
+        assert replies[1:] == [{"error": f"the service cannot enter the command's folder "
+                                         f"{tmp_path / 'gone'} (No such file or directory); run "
+                                         "it from a folder that exists and that you can enter"}]
+        assert not ran and output == b""
+        assert (os.getcwd(), terminal_now(), dict(os.environ), umask_now()) == before
+
+        (tmp_path / "here").mkdir()
+        replies, output = serve_one(service, tmp_path / "here", 0o077)
+        assert replies[1:] == [{"exit": 0}]
+        assert ran == [(str(tmp_path / "here"), 0o077, "yes")]
+        assert output == b"the command's output\n"
+        assert (os.getcwd(), terminal_now(), dict(os.environ), umask_now()) == before
+    finally:
+        os.umask(own_umask)
+        service.listener.close()
+
+
+def test_a_command_hands_its_umask_over_and_prints_the_services_error_line(
+        tmp_path, monkeypatch, capsys, own_handlers, no_service_started):
+    import threading
+
+    from orchestrator.service.client import hand_over
+    from orchestrator.service.place import SERVICE_DIR, Reader, send
+
+    folder = tmp_path / "svc"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv(SERVICE_DIR, str(folder))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_in(folder)))
+    listener.listen(1)
+    received = []
+
+    def a_service_that_cannot_enter_the_folder() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            reader = Reader(conn)
+            received.append(reader.next())
+            for fd in reader.fds:
+                os.close(fd)
+            send(conn, {"started": 1})
+            send(conn, {"error": "the service cannot enter the command's folder /gone"})
+
+    serving = threading.Thread(target=a_service_that_cannot_enter_the_folder, daemon=True)
+    serving.start()
+    own_umask = os.umask(0o027)
+    try:
+        code = hand_over(["cluster.keep_alive=60"], 0.0)
+    finally:
+        os.umask(own_umask)
+        serving.join(timeout=10)
+        listener.close()
+    assert code == 1 and received[0]["umask"] == 0o027
+    assert capsys.readouterr().err.splitlines() == [
+        "error: the service cannot enter the command's folder /gone"]

@@ -4,19 +4,18 @@ show it. `serve` is how a command starts it (orchestrator/service/client.py)."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 
 USAGE = "usage: python -m orchestrator.service stop|status"
 
 
 def ask(message: dict) -> dict | None:
-    from orchestrator.service.place import Reader, send, socket_path
+    """The service's answer; None where none listens. NotPrivateError, ForeignListener: the
+    folder or the socket is not this user's (nothing was sent)."""
+    from orchestrator.service.place import Reader, connect, send, socket_path
 
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(str(socket_path()))
-    except OSError:
+    conn = connect(socket_path())
+    if conn is None:
         return None
     with conn:
         send(conn, message)
@@ -32,7 +31,11 @@ def main(argv: list[str]) -> int:
     if argv not in (["stop"], ["status"]):
         print(USAGE, file=sys.stderr)
         return 2
-    reply = ask({argv[0]: True})
+    try:
+        reply = ask({argv[0]: True})
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if reply is None:
         print("no service is running")
         return 0 if argv == ["stop"] else 1

@@ -11,9 +11,11 @@ import json
 import os
 import socket
 import stat
+import struct
 import sys
-import tempfile
 from pathlib import Path
+
+from orchestrator.private_dir import private_dir, user_base
 
 SERVICE_DIR = "ORCHESTRATOR_SERVICE_DIR"  # where the socket and the log live (tests: their own)
 # cluster.keep_alive's largest value: the service waits that long for its next command, and
@@ -22,22 +24,20 @@ KEEP_ALIVE_MAX_S = 30 * 24 * 3600
 PACKAGE = Path(__file__).resolve().parent.parent
 
 
-class ServiceError(Exception):
-    """The service's folder cannot be trusted, or the service ended unexpectedly."""
+class ForeignListener(OSError):
+    """The service's socket is held by a process of another user: nothing was sent to it."""
 
 
 def service_dir() -> Path:
-    """This user's folder for services: readable and writable by this user only, since the
-    commands it receives carry their environment (credentials included)."""
-    folder = Path(os.environ.get(SERVICE_DIR) or
-                  Path(tempfile.gettempdir()) / f"orchestrator-{os.getuid()}")
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = folder.stat()
-    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-        raise ServiceError(f"{folder} is not this user's alone (uid {info.st_uid}, mode "
-                           f"{stat.S_IMODE(info.st_mode):o}); set {SERVICE_DIR} to a folder "
-                           "of your own")
-    return folder
+    """This user's folder for services (``$ORCHESTRATOR_SERVICE_DIR``, else the user's private
+    base): checked to be this user's alone, never through a link, since the commands it
+    receives carry their environment (credentials included). NotPrivateError (one line)
+    otherwise."""
+    given = os.environ.get(SERVICE_DIR)
+    if not given:
+        return user_base()
+    # Absolute: the service leaves its starting folder once it listens.
+    return private_dir(Path(os.path.abspath(given)), variable=SERVICE_DIR)
 
 
 def service_name() -> str:
@@ -45,12 +45,43 @@ def service_name() -> str:
     return hashlib.sha256(f"{sys.executable}\0{PACKAGE}".encode()).hexdigest()[:12]
 
 
-def socket_path() -> Path:
-    return service_dir() / f"service-{service_name()}.sock"
+def socket_path(folder: Path | None = None) -> Path:
+    return (folder or service_dir()) / f"service-{service_name()}.sock"
 
 
-def log_path() -> Path:
-    return service_dir() / f"service-{service_name()}.log"
+def log_path(folder: Path | None = None) -> Path:
+    return (folder or service_dir()) / f"service-{service_name()}.log"
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket, as the kernel saw it at its
+    connect (a client's) or its listen (a listener's)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def connect(path: Path) -> socket.socket | None:
+    """A connection to the service listening at ``path``, made only once its listener is known
+    to run as this user (ForeignListener otherwise, before anything is sent: a request carries
+    the command's whole environment). None where no service listens there, or where the path
+    is not a socket (a link is never followed)."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(path))
+        uid = peer_uid(conn)
+    except OSError:
+        conn.close()
+        return None
+    if uid != os.getuid():
+        conn.close()
+        raise ForeignListener(f"the service's socket {path} is held by uid {uid}, not by this "
+                              f"user; remove it, or set {SERVICE_DIR} to a folder of your own")
+    return conn
 
 
 def code_stamp() -> str:

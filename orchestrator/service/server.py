@@ -3,6 +3,7 @@ its first command started, and keeps processes ready for the next (see __init__.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -18,7 +19,15 @@ from pathlib import Path
 
 from orchestrator.ray_internals.cluster import exited_ray_process
 from orchestrator.service import served_env
-from orchestrator.service.place import Reader, code_stamp, send, socket_path
+from orchestrator.service.place import (
+    ForeignListener,
+    Reader,
+    code_stamp,
+    connect,
+    peer_uid,
+    send,
+    socket_path,
+)
 
 log = logging.getLogger("orchestrator")
 
@@ -37,6 +46,11 @@ class Command:
     fds: list[int] = field(default_factory=list)
 
 
+class NotServed(Exception):
+    """The command could not be set up (its folder, its terminal): nothing of it ran, and the
+    service is as it was. The message is the one line its command prints."""
+
+
 class Service:
     def __init__(self) -> None:
         self.path = socket_path()
@@ -48,7 +62,7 @@ class Service:
         self.keep_alive_s = 600.0  # until the first command says
         self.held = None
         self.listener = listen(self.path)
-        self.inode = self.path.stat().st_ino  # the socket's file (fstat of it gives sockfs's)
+        self.inode = self.path.lstat().st_ino  # the socket's file (fstat of it gives sockfs's)
 
     def run(self) -> None:
         from orchestrator.driver import interrupts
@@ -69,9 +83,14 @@ class Service:
                     return
                 try:
                     self.serve(command)
-                except Exception:  # noqa: BLE001  (one command's trouble, not the service's end)
-                    log.exception("serving a command failed")
-                    self.busy.clear()
+                except Exception:  # noqa: BLE001  (a set-up's failure is answered in serve)
+                    # A bug past the set-up: what the command changed may not be undone, so the
+                    # service ends rather than run the next command in that state.
+                    log.exception("serving a command failed: the service stops")
+                    finish(command, {"error": "the service failed while serving this command "
+                                              f"and has stopped (its log: "
+                                              f"{self.path.with_suffix('.log')})"})
+                    return
         finally:
             self.close()
 
@@ -82,6 +101,9 @@ class Service:
                 conn, _ = self.listener.accept()
             except OSError:
                 return  # closed
+            if not same_user(conn):  # nothing read, nothing answered
+                conn.close()
+                continue
             reader = Reader(conn)
             try:
                 request = reader.next()
@@ -129,33 +151,54 @@ class Service:
                 "keep_alive_s": self.keep_alive_s}
 
     def serve(self, command: Command) -> None:
-        from orchestrator.driver.session_start import OtherSettings
-
         request = command.request
         self.keep_alive_s = float(request["keep_alive_s"])
-        send(command.conn, {"started": os.getpid()})
+        try:
+            send(command.conn, {"started": os.getpid()})
+        except OSError:  # the command's process is gone: nothing to run
+            finish(command, {})
+            self.busy.clear()
+            return
         self.held.folder = request["cwd"]
+        self.stop_preparing()
+        differ = served_env.credentials_differ(request["env"])
+        if differ:  # its workers would run with the first command's credentials
+            finish(command, {"declined": "the service's Ray was started with other "
+                                         f"credentials ({', '.join(differ)})"})
+            self.busy.clear()
+            return
+        idle = idle_now()
+        actors: list[dict] = []
+        try:
+            with served_state(command.fds, request):
+                reply, actors = self.run_served(command, idle)
+        except NotServed as exc:
+            log.warning("a command was not run: %s", exc)
+            reply = {"error": str(exc)}
+        finish(command, reply)
+        self.busy.clear()
+        if actors:  # a command that started no actor (bad input) leaves the ready ones
+            self.preparing = threading.Thread(target=self.keep_ready, args=(actors,),
+                                              name="keep-ready", daemon=True)
+            self.preparing.start()
+
+    def stop_preparing(self) -> None:
         if self.preparing is not None:
             self.next_command.set()
             self.preparing.join()  # what it ends and starts must not be this command's
             self.next_command.clear()
-        differ = served_env.credentials_differ(request["env"])
-        if differ:  # its workers would run with the first command's credentials
-            for fd in command.fds:
-                os.close(fd)
-            send(command.conn, {"declined": "the service's Ray was started with other "
-                                            f"credentials ({', '.join(differ)})"})
-            command.conn.close()
-            self.busy.clear()
-            return
-        before = ServedState(command.fds, request)
+
+    def run_served(self, command: Command, idle: set[int]) -> tuple[dict, list[dict]]:
+        """Run the command, in its terminal, environment and folder: the reply to send, and
+        the actors it started."""
+        from orchestrator.driver.session_start import OtherSettings
+
+        request = command.request
         relay = Relay(command.reader)
         started = time.time()
         ray_was_up = ray_up()
-        reply: dict
         try:
-            code = run_command(request)
-            reply = {"exit": code}
+            reply = {"exit": run_command(request)}
         except OtherSettings as exc:
             reply = {"declined": f"the service's Ray was started with other settings: {exc}"}
         finally:
@@ -163,21 +206,9 @@ class Service:
             if not ray_was_up and ray_up():  # this command started the Ray its processes share
                 served_env.ray_started_with = dict(request["env"])
         actors = self.actors_since(started)
-        try:
-            if actors:
-                self.report_ready(actors, before.idle)
-        finally:
-            before.restore()
-        try:
-            send(command.conn, reply)
-        except OSError:
-            pass  # the command's process is gone
-        command.conn.close()
-        self.busy.clear()
-        if actors:  # a command that started no actor (bad input) leaves the ready ones
-            self.preparing = threading.Thread(target=self.keep_ready, args=(actors,),
-                                              name="keep-ready", daemon=True)
-            self.preparing.start()
+        if actors:
+            self.report_ready(actors, idle)
+        return reply, actors
 
     def actors_since(self, started: float) -> list[dict]:
         from orchestrator.ray_internals.ready_processes import actors_started_since
@@ -218,7 +249,7 @@ class Service:
         """Stop listening first (a command sent now starts a new service), then end what it
         was keeping ready (not to ask a Ray that is going), then Ray."""
         try:
-            if self.path.stat().st_ino == self.inode:
+            if self.path.lstat().st_ino == self.inode:
                 self.path.unlink()  # ours, not a newer service's
         except OSError:
             pass
@@ -231,69 +262,171 @@ class Service:
 
 
 def listen(path: Path) -> socket.socket:
-    """Bind the service's socket; a file left by a service that died is replaced, a live
-    service's is not (SystemExit: that one serves)."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    """Bind the service's socket; a file left by a service that died (or a link, never
+    followed) is replaced, a live service's is not (SystemExit: that one serves)."""
     try:
-        probe.connect(str(path))
-    except OSError:
-        path.unlink(missing_ok=True)
-    else:
+        probe = connect(path)
+    except ForeignListener as exc:
+        raise SystemExit(str(exc)) from None
+    if probe is not None:
         probe.close()
         raise SystemExit(f"a service already listens at {path}")
-    finally:
-        probe.close()
+    path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    os.chmod(path, 0o600)
+    # Made 0600 as it is bound (a chmod after would follow a link put in its place).
+    mask = os.umask(0o177)
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(mask)
     listener.listen(8)
     return listener
 
 
-class ServedState:
-    """Put the command's terminal, environment, folder and command line in place; restore
-    the service's own afterwards."""
+def same_user(conn: socket.socket) -> bool:
+    """The client runs as this service's user (the folder's mode is the first lock, this the
+    second): a request is a command to run as this user, and an answer holds its details."""
+    try:
+        uid = peer_uid(conn)
+    except OSError:  # gone already
+        return False
+    if uid != os.getuid():
+        log.warning("refused a connection from uid %d: the service serves only its own user",
+                    uid)
+    return uid == os.getuid()
 
-    def __init__(self, fds: list[int], request: dict) -> None:
-        from orchestrator.ray_internals.ready_processes import idle_processes
 
-        self.idle = set(idle_processes()) if ray_up() else set()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.saved_fds = [os.dup(fd) for fd in (0, 1, 2)]
+def finish(command: Command, reply: dict) -> None:
+    """Send the command its last reply (none if empty); close what it handed over."""
+    close_all(command.fds)
+    if reply:
+        try:
+            send(command.conn, reply)
+        except OSError:
+            pass  # the command's process is gone
+    command.conn.close()
+
+
+def close_all(fds: list[int]) -> None:
+    """Close each and empty the list: none is closed twice (its number may be another's by
+    then)."""
+    while fds:
+        try:
+            os.close(fds.pop())
+        except OSError:
+            pass
+
+
+def idle_now() -> set[int]:
+    """The Ray processes kept ready before a command, to count which of its actors took one."""
+    from orchestrator.ray_internals.ready_processes import idle_processes
+
+    return set(idle_processes()) if ray_up() else set()
+
+
+@contextlib.contextmanager
+def served_state(fds: list[int], request: dict):
+    """The command's terminal, environment, folder, umask and imports for the body; the
+    service's own back afterwards, however it ends. Each step undoes itself, so one that fails
+    (NotServed) leaves the service as it was."""
+    with contextlib.ExitStack() as steps:
+        try:
+            steps.enter_context(terminal(fds))
+            steps.enter_context(environment(request["env"]))
+            steps.enter_context(folder(request["cwd"]))
+            steps.enter_context(umask(request["umask"]))
+            steps.enter_context(imports(request["cwd"], request["env"]))
+        except NotServed:
+            raise
+        except Exception as exc:
+            raise NotServed(f"the service could not set the command up ({type(exc).__name__}: "
+                            f"{exc}); run it without cluster.keep_alive") from exc
+        yield
+
+
+@contextlib.contextmanager
+def terminal(fds: list[int]):
+    """The command's standard streams as 0, 1, 2 (the descriptors handed over are closed)."""
+    saved: list[int] = []
+    try:
+        flush_streams()
+        for target in (0, 1, 2):
+            saved.append(os.dup(target))
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
-        for fd in fds:
-            os.close(fd)
-        self.env = dict(os.environ)
-        self.cwd = os.getcwd()
-        self.argv = sys.argv[:]
-        self.path = sys.path[:]
-        self.modules = set(sys.modules)
-        os.environ.clear()
-        os.environ.update(request["env"])
-        os.chdir(request["cwd"])
-        # As `python -m` gives a command: its folder first, then its PYTHONPATH.
-        theirs = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:] = [request["cwd"], *theirs, *[p for p in self.path[1:] if p not in theirs]]
-        importlib.invalidate_caches()
-
-    def restore(self) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except OSError:
-                pass  # the command's terminal is gone
-        reset_logging()
-        for target, fd in enumerate(self.saved_fds):
+        close_all(fds)
+        yield
+    finally:
+        flush_streams()
+        reset_logging()  # the command's handlers (its terminal, its run folder's log) go with it
+        for target, fd in enumerate(saved):
             os.dup2(fd, target)
-            os.close(fd)
+        close_all(saved)
+        close_all(fds)
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str]):
+    saved = dict(os.environ)
+    try:
         os.environ.clear()
-        os.environ.update(self.env)
-        os.chdir(self.cwd)
-        sys.argv[:] = self.argv
-        sys.path[:] = self.path
-        forget_modules(set(sys.modules) - self.modules)
+        os.environ.update(env)
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def folder(path: str):
+    saved = os.getcwd()  # the service's own: "/" (main)
+    try:
+        try:
+            os.chdir(path)
+        except OSError as exc:
+            raise NotServed(f"the service cannot enter the command's folder {path} "
+                            f"({exc.strerror}); run it from a folder that exists and that you "
+                            "can enter") from None
+        yield
+    finally:
+        os.chdir(saved)
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    """The command's umask, as its client read it: the files it makes have the modes they would
+    have on its own."""
+    if type(mask) is not int or not 0 <= mask <= 0o777:
+        raise NotServed(f"the command's umask {mask!r} is not a umask")
+    saved = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(saved)
+
+
+@contextlib.contextmanager
+def imports(cwd: str, env: dict[str, str]):
+    """As `python -m` gives a command: its folder first on the path, then its PYTHONPATH; the
+    modules it imported from elsewhere (its own) are forgotten afterwards."""
+    argv, path, modules = sys.argv[:], sys.path[:], set(sys.modules)
+    try:
+        theirs = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [cwd, *theirs, *[p for p in path[1:] if p not in theirs]]
+        importlib.invalidate_caches()
+        yield
+    finally:
+        sys.argv[:] = argv
+        sys.path[:] = path
+        forget_modules(set(sys.modules) - modules)
+
+
+def flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass  # the command's terminal is gone
 
 
 def job_id() -> str | None:
@@ -398,6 +531,7 @@ def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)
     reset_logging()
     service = Service()
+    os.chdir("/")  # its own folder between commands: never one a command's user may remove
     log.info("service %d listening at %s", os.getpid(), service.path)
     import orchestrator.cli  # noqa: F401  (Hydra, the config schema: ready for the first command)
     service.run()
@@ -406,8 +540,10 @@ def main() -> None:
 def answer(conn, reader: Reader, message: dict) -> None:
     """Every reply but a command's: the descriptors sent with it are closed here (a declined
     command's stdout held open kept `| tee` waiting until the service ended)."""
+    close_all(reader.fds)
     if message:
-        send(conn, message)
+        try:
+            send(conn, message)
+        except OSError:
+            pass  # the asking process is gone
     conn.close()
-    for fd in reader.fds:
-        os.close(fd)

@@ -8,8 +8,10 @@ committed checkpoint's files are copied back in; only committed ones, so a file 
 mid-write is never put back.
 
 A written file is taken once it is *closed and still*: no process has it open (Linux's
-/proc/<pid>/fd), and its size, mtime and inode are those a poll that found it closed saw, and
-the same after the copy.
+/proc/<pid>/fd), and its size, mtime, ctime and inode are those a poll that found it closed
+saw. Every copy out of the live folder is checked after it is made (copy_unchanged): the file
+opened is still that version when the copy ends (fstat) and its path still names it, or the
+copy is thrown away; a torn copy is never handed over.
 The copy goes aside at once, so a script that overwrites snapshot.pt in place never tears the
 one being uploaded.
 """
@@ -17,8 +19,10 @@ one being uploaded.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import shutil
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +31,13 @@ from orchestrator.data.manifest import glob_match
 
 WORK = "work"  # the checkpoint files under the script's working directory
 CKPT_DIR = "checkpoint_dir"  # the files under $CHECKPOINT_DIR
+
+log = logging.getLogger(__name__)
+
+
+class RewrittenDuringSave(RuntimeError):
+    """A checkpoint file changed after it was taken: this checkpoint is not committed (the
+    next one takes the new version once it is closed and still)."""
 
 
 def private_tops(patterns: list[str]) -> list[str]:
@@ -143,10 +154,43 @@ def named_by(rel: str, patterns: list[str]) -> bool:
 
 def signature(path: Path) -> tuple | None:
     try:
-        st = path.stat()
+        return signature_of(os.stat(path))
     except OSError:
         return None
-    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def signature_of(st: os.stat_result) -> tuple:
+    """What a write changes: the size, mtime and ctime (a file taken was still for a poll, so
+    a write now gets a later time even on a coarse clock), and the inode (a file replaced)."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
+def copy_bytes(source, dest) -> None:
+    shutil.copyfileobj(source, dest, 1 << 20)
+
+
+def copy_unchanged(source: Path, dest: Path, expected: tuple) -> bool:
+    """Copy ``source`` to ``dest`` if it is the version ``expected`` describes and is still
+    that version when the copy ends (the open file's fstat, and its path still names it).
+    False, with no copy left at ``dest``, when it is not: a write during the copy tears it."""
+    try:
+        fd = os.open(source, os.O_RDONLY)
+    except OSError:  # removed meanwhile
+        return False
+    try:
+        whole = signature_of(os.fstat(fd)) == expected
+        if whole:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with open(fd, "rb", closefd=False) as src, open(dest, "wb") as out:
+                copy_bytes(src, out)
+            whole = signature_of(os.fstat(fd)) == expected and signature(source) == expected
+    except OSError:
+        whole = False
+    finally:
+        os.close(fd)
+    if not whole:
+        dest.unlink(missing_ok=True)
+    return whole
 
 
 def open_files() -> set[str]:
@@ -228,12 +272,8 @@ class CheckpointWatcher:
             if not still or name not in closed:
                 in_flux = True
                 continue
-            copy = self.pending_root / name
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, copy)
-            if signature(path) != sig:  # written again while copied: next poll
-                copy.unlink(missing_ok=True)
-                in_flux = True
+            if not copy_unchanged(path, self.pending_root / name, sig):
+                in_flux = True  # written again while copied: the next poll tries again
                 continue
             self.taken[name] = sig
             self.not_own.discard(name)
@@ -244,10 +284,26 @@ class CheckpointWatcher:
     def has_new(self) -> bool:
         return any(p.is_file() for p in self.pending_root.rglob("*"))
 
-    def write_into(self, folder: Path, node_rank: int) -> None:
+    def write_into(self, folder: Path, node_rank: int) -> Future | None:
         """Move the copies aside into ``folder``/node_<n>/, and copy the unchanged files too:
-        a checkpoint holds all of the node's files, not only the new ones."""
+        a checkpoint holds all of the node's files, not only the new ones. An unchanged file
+        rewritten since it was taken (before or during its copy) has no whole copy of the
+        version taken: the returned future raises, and the checkpoint is not committed (a
+        warning; the watcher takes the new version for the next one)."""
         base = folder / f"node_{node_rank}"
+        moved = self.move_pending(base)
+        rewritten = [name for name in self.unchanged(moved) if not self.copy_taken(name, base)]
+        shutil.rmtree(self.pending_root, ignore_errors=True)
+        self.pending_root.mkdir(parents=True, exist_ok=True)
+        if not rewritten:
+            return None
+        refused: Future = Future()
+        refused.set_exception(RewrittenDuringSave(
+            f"node {node_rank}'s {', '.join(rewritten)} changed while it was being copied: "
+            "this checkpoint would hold a torn file; the next one takes it"))
+        return refused
+
+    def move_pending(self, base: Path) -> set[str]:
         moved = set()
         for path in sorted(p for p in self.pending_root.rglob("*") if p.is_file()):
             name = str(path.relative_to(self.pending_root))
@@ -255,14 +311,21 @@ class CheckpointWatcher:
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(path, dest)
             moved.add(name)
-        for name, sig in list(self.taken.items()):
-            if name in moved or name in self.not_own:
-                continue
-            source = self.path_of(name)
-            if signature(source) != sig:
-                continue  # being rewritten: the older copy is in an older checkpoint
-            dest = base / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, dest)
-        shutil.rmtree(self.pending_root, ignore_errors=True)
-        self.pending_root.mkdir(parents=True, exist_ok=True)
+        return moved
+
+    def unchanged(self, moved: set[str]) -> list[str]:
+        """The files taken earlier that this checkpoint holds too (not node 0's borrowed)."""
+        return [name for name in self.taken if name not in moved and name not in self.not_own]
+
+    def copy_taken(self, name: str, base: Path) -> bool:
+        """Copy the version of ``name`` that was taken into the checkpoint; False when the file
+        changed since then. A file the script removed is left out of the checkpoint (and
+        forgotten: written again, it is new)."""
+        source, sig = self.path_of(name), self.taken[name]
+        if copy_unchanged(source, base / name, sig):
+            return True
+        if not os.path.lexists(source):
+            del self.taken[name]
+            return True
+        log.warning("%s changed while it was copied into a checkpoint: not committed", source)
+        return False

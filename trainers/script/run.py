@@ -3,6 +3,8 @@
 Each Ray worker starts the script as its child, with the environment torchrun gives (RANK,
 WORLD_SIZE, MASTER_ADDR... fresh for every attempt), then supervises it in lockstep with the
 other workers, a poll every trainer.poll_s:
+- the script runs in a folder of this user's alone, new for every attempt on every node
+  (folders.py); checkpoints are put back there before it starts;
 - the script's output goes to the run folder (rank 0's to the console too);
 - when rank 0's node sees the checkpoint files written (closed and still), every rank hands
   its node's files over as its part of one checkpoint (orchestrator/checkpoint: committed only
@@ -17,10 +19,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +37,7 @@ from trainers.script.files import (
     outside_paths_absolute,
     restore_files,
 )
+from trainers.script.folders import NodeFolder, folder_prefix, node_folder_made, script_base
 from trainers.script.process import ScriptProcess
 
 CHECK_EVERY = 4  # polls between preemption checks (every rank: a barrier)
@@ -74,8 +75,6 @@ def node_address() -> str:
                    cluster=cluster_from_command)
 def main(ctx: WorkerContext, cfg: dict) -> dict | None:
     trainer = cfg["trainer"]
-    command = parse_command(trainer["command"])
-    patterns = [str(p) for p in trainer["checkpoint_files"]]
     first = None
     if ctx.rank == 0:
         host = node_address()
@@ -84,12 +83,23 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
     first = ctx.broadcast(first)
     first["nodes"] = int(ctx.sum_over_ranks([ctx.local_rank == 0])[0])  # torchrun's agents
     ctx.total_steps = None  # the group has started (the display counts checkpoints)
-    root = (Path(tempfile.gettempdir()) / "orchestrator-script"
-            / f"{ctx.run_name}-{first['attempt']}" / f"node_{ctx.node_rank}")
+    prefix = folder_prefix(ctx.run_name, first["attempt"], ctx.node_rank)
+    # made by the node's local rank 0 (the others find it after the barrier below)
+    folder = NodeFolder(script_base(), prefix) if ctx.local_rank == 0 else None
+    try:
+        return run_script(ctx, trainer, first, folder, prefix)
+    finally:
+        if folder is not None:  # this node's folder only: nodes may share a /tmp
+            folder.remove()
+
+
+def run_script(ctx: WorkerContext, trainer: dict, first: dict, folder: NodeFolder | None,
+               prefix: str) -> dict | None:
+    command = parse_command(trainer["command"])
+    patterns = [str(p) for p in trainer["checkpoint_files"]]
     watcher = None
-    work, ckpt = root / WORK, root / CKPT_DIR  # made by the node's local rank 0
-    if ctx.local_rank == 0:
-        remove_earlier_attempts(root.parent, ctx.run_name)
+    if folder is not None:
+        root = folder.path
         work, ckpt = make_node_folder(root, Path(trainer["workdir"]), patterns)
         # this node's files, over node 0's (a snapshot rank 0 wrote is every node's)
         restored = ctx.restore([f"node_{ctx.node_rank}/*", "node_0/*"])
@@ -100,6 +110,8 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
         ctx.warn("the script restarted from the beginning: it wrote no checkpoint files "
                  f"(trainer.checkpoint_files={patterns}, or files under $CHECKPOINT_DIR)")
     ctx.broadcast(None)  # every node's folder is ready before any script starts
+    root = folder.path if folder is not None else node_folder_made(script_base(), prefix)
+    work, ckpt = root / WORK, root / CKPT_DIR
     given = script_env(ctx, first, trainer, work, ckpt, root)
     env = {**given, **{k: expand(v, given) for k, v in command.env.items()}}
     argv = [expand(arg, given) for arg in
@@ -111,13 +123,8 @@ def main(ctx: WorkerContext, cfg: dict) -> dict | None:
         if proc.poll() is None:
             proc.kill()
         ctx.output(proc.take_lines())
-        if ctx.local_rank == 0:  # this node's folder only: nodes may share a /tmp
+        if folder is not None:
             keep_new_entries(work, Path(trainer["workdir"]), patterns)
-            shutil.rmtree(root, ignore_errors=True)
-            try:
-                root.parent.rmdir()  # the attempt's folder, once every node left it
-            except OSError:
-                pass
 
 
 VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
@@ -128,14 +135,6 @@ def expand(word: str, env: dict[str, str]) -> str:
     shell would have given them (the command is not run by one); an unknown name stays."""
     word = word.replace("{checkpoint_dir}", env["CHECKPOINT_DIR"])
     return VARIABLE.sub(lambda m: env.get(m.group(1) or m.group(2), m.group(0)), word)
-
-
-def remove_earlier_attempts(attempt_folder: Path, run_name: str) -> None:
-    """A killed worker leaves its attempt's folder behind (links and snapshot copies); its
-    whole group is gone before a new attempt starts, so the next one removes it."""
-    for folder in attempt_folder.parent.glob(f"{run_name}-*"):
-        if folder != attempt_folder and folder.name[len(run_name) + 1:].isalnum():
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def script_env(ctx: WorkerContext, first: dict, trainer: dict, work: Path, ckpt: Path,
