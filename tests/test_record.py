@@ -160,13 +160,13 @@ def test_a_repeat_is_counted_in_attempts_not_in_ranks():
 
 
 def test_a_ray_that_does_not_start_is_one_line(monkeypatch):
+    import subprocess
+
     import ray
 
     from orchestrator.config.schema import ClusterConfig
     from orchestrator.driver.ray_session import RaySession
     from orchestrator.errors import ConfigError
-
-    import subprocess
 
     started = []
 

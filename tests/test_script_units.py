@@ -442,13 +442,8 @@ def test_two_live_runs_of_one_name_keep_their_folders_and_a_killed_ones_goes(tmp
     import sys
     from pathlib import Path
 
-    from trainers.script.folders import (
-        OWNER,
-        NodeFolder,
-        folder_prefix,
-        node_folder_made,
-        remove_abandoned,
-    )
+    from orchestrator.worker.workdir import OWNER, remove_abandoned
+    from trainers.script.folders import NodeFolder, folder_prefix, node_folder_made
 
     base = tmp_path / "script"
     base.mkdir(mode=0o700)
@@ -471,7 +466,7 @@ def test_two_live_runs_of_one_name_keep_their_folders_and_a_killed_ones_goes(tmp
         assert not dead.exists() and (live / "work").is_dir() and elsewhere.exists()
         same_process = NodeFolder(base, folder_prefix("train", "eeee5555", 0))
         assert mine.path.is_dir() and same_process.path.is_dir()
-        assert remove_abandoned(base) == []  # every live one stays
+        assert remove_abandoned(base, "") == []  # every live one stays
         assert node_folder_made(base, folder_prefix("train", "dddd4444", 0)) == mine.path
         assert NodeFolder(base, mine.path.name[:-8]).path != mine.path  # never one made before
         alive.send_signal(signal.SIGKILL)

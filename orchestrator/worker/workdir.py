@@ -30,62 +30,79 @@ PREFIX = "orchestrator-rank"
 OWNER = ".owner"  # locked by the live worker, naming its host; shows only once locked
 
 
+NO_LOCKS = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL)
+
+
 class Workdir:
     """A new folder under ``root`` (the node's temporary folder) for the worker of ``rank``,
     after removing those whose workers died."""
 
     def __init__(self, rank: int, root: Path | str | None = None):
         self.root = Path(root or tempfile.gettempdir())
-        remove_abandoned(self.root)
+        remove_abandoned(self.root, PREFIX)
         self.path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{rank}-", dir=self.root))
-        making = self.path / f"{OWNER}.new"
-        self._fd = os.open(making, os.O_CREAT | os.O_WRONLY, 0o600)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:  # a filesystem without locks: kept out of every sweep
-            if exc.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL):
-                raise
-            log.info("no lock on %s (%s): a killed worker's folder stays there", self.path, exc)
-            return
-        os.write(self._fd, socket.gethostname().encode())
-        os.rename(making, self.path / OWNER)
+        self._fd = lock_as_owner(self.path)
+        self._removed = False
 
     def remove(self) -> None:
         """Remove the folder (still locked while it goes), then those of dead workers."""
-        if self._fd is None:
+        if self._removed:
             return
+        self._removed = True
         shutil.rmtree(self.path, ignore_errors=True)
-        os.close(self._fd)
-        self._fd = None
-        remove_abandoned(self.root)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        remove_abandoned(self.root, PREFIX)
 
 
-def remove_abandoned(root: Path) -> list[Path]:
-    """Remove this user's worker folders under ``root`` whose owner is gone; return them."""
-    removed, host = [], socket.gethostname()
+def lock_as_owner(folder: Path) -> int | None:
+    """Lock ``folder``'s owner file for as long as this process lives; its descriptor, or None
+    where the filesystem has no locks (the folder is then kept out of every sweep)."""
+    making = folder / f"{OWNER}.new"
+    fd = os.open(making, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     try:
-        entries = [e for e in os.scandir(root) if e.name.startswith(PREFIX)]
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in NO_LOCKS:
+            raise
+        log.info("no lock on %s (%s): a killed worker's folder stays there", folder, exc)
+        return None
+    os.write(fd, socket.gethostname().encode())
+    os.rename(making, folder / OWNER)  # a sweep sees the file only once it is locked
+    return fd
+
+
+def remove_abandoned(root: Path, prefix: str = PREFIX) -> list[Path]:
+    """Remove this user's folders under ``root`` whose names begin with ``prefix`` and whose
+    owner is gone; return them."""
+    host = socket.gethostname()
+    try:
+        entries = [e for e in os.scandir(root) if e.name.startswith(prefix)]
     except OSError:
-        return removed
-    for entry in entries:
-        try:
-            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
-                continue
-            fd = os.open(os.path.join(entry.path, OWNER), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:  # gone, being made, or not ours
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.read(fd, 256).decode(errors="replace") != host:
-                continue  # another machine's: its lock may not show here
-        except OSError:  # its worker is alive
-            continue
-        else:  # held while it goes: no other worker removes it at the same time
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(Path(entry.path))
-        finally:
-            os.close(fd)
+        return []
+    removed = [Path(entry.path) for entry in entries if remove_if_abandoned(entry, host)]
     if removed:
         log.info("removed %d folders of workers that were killed: %s", len(removed),
                  ", ".join(p.name for p in removed))
     return removed
+
+
+def remove_if_abandoned(entry: os.DirEntry, host: str) -> bool:
+    try:
+        if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+            return False
+        fd = os.open(os.path.join(entry.path, OWNER), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # gone, being made, made where there are no locks, or not ours
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.read(fd, 256).decode(errors="replace") != host:
+            return False  # another machine's: its lock may not show here
+        shutil.rmtree(entry.path, ignore_errors=True)  # held while it goes: removed once
+        return True
+    except OSError:  # its worker is alive
+        return False
+    finally:
+        os.close(fd)

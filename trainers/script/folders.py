@@ -19,12 +19,9 @@ worker removes it.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import shutil
-import socket
 from pathlib import Path
 
 from orchestrator.private_dir import (
@@ -34,12 +31,11 @@ from orchestrator.private_dir import (
     unique_dir,
     user_base,
 )
+from orchestrator.worker.workdir import lock_as_owner, remove_abandoned
 
 log = logging.getLogger(__name__)
 
 SUBFOLDER = "script"  # under user_base(): every node folder of this user's script runs
-OWNER = ".owner"  # locked by the live worker, naming its host; shows only once locked
-NO_LOCKS = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL)
 
 
 class ScriptFolderNotPrivate(NotPrivateError):
@@ -67,7 +63,7 @@ class NodeFolder:
 
     def __init__(self, base: Path, prefix: str):
         self.base = base
-        remove_abandoned(base)
+        remove_abandoned(base, "")
         self.path = unique_dir(base, prefix)
         self._fd = lock_as_owner(self.path)
 
@@ -77,25 +73,7 @@ class NodeFolder:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        remove_abandoned(self.base)
-
-
-def lock_as_owner(folder: Path) -> int | None:
-    """Lock ``folder``'s owner file for as long as this process lives; its descriptor, or None
-    where the filesystem has no locks."""
-    making = folder / f"{OWNER}.new"
-    fd = os.open(making, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno not in NO_LOCKS:
-            raise
-        log.info("no lock on %s (%s): a killed worker's folder stays there", folder, exc)
-        return None
-    os.write(fd, socket.gethostname().encode())
-    os.rename(making, folder / OWNER)  # a sweep sees the file only once it is locked
-    return fd
+        remove_abandoned(self.base, "")
 
 
 def node_folder_made(base: Path, prefix: str) -> Path:
@@ -109,34 +87,3 @@ def node_folder_made(base: Path, prefix: str) -> Path:
     return found[0]
 
 
-def remove_abandoned(base: Path) -> list[Path]:
-    """Remove the folders under ``base`` whose owner is gone; return them."""
-    host = socket.gethostname()
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return []
-    removed = [Path(entry.path) for entry in entries if remove_if_abandoned(entry, host)]
-    if removed:
-        log.info("removed %d folders of killed script runs: %s", len(removed),
-                 ", ".join(p.name for p in removed))
-    return removed
-
-
-def remove_if_abandoned(entry: os.DirEntry, host: str) -> bool:
-    try:
-        if not entry.is_dir(follow_symlinks=False):
-            return False
-        fd = os.open(os.path.join(entry.path, OWNER), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:  # gone, being made, or made where there are no locks
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.read(fd, 256).decode(errors="replace") != host:
-            return False  # another machine's: its lock may not show here
-        shutil.rmtree(entry.path, ignore_errors=True)  # held while it goes: removed once
-        return True
-    except OSError:  # its worker is alive
-        return False
-    finally:
-        os.close(fd)
