@@ -271,8 +271,7 @@ class WorkerContext:
             return self._start.path
         choose = None if files is None else matching(files)
         self._restored, nbytes = self._start.store.fetch_loaded(
-            self._start.ref, self._workdir / "restore", choose or (lambda name: True),
-            verify=not self._start.store.is_local)
+            self._start.ref, self._workdir / "restore", choose or (lambda name: True))
         self._restored_bytes += nbytes
         self._spec.recorder.restored.remote(self.rank, self._restored_bytes)
         return self._restored

@@ -355,7 +355,7 @@ def test_a_rank_fetches_only_the_files_it_loads_and_more_on_asking(store, tmp_pa
 
 
 def test_a_cache_on_another_disk_links_the_files_symbolically(store, tmp_path, monkeypatch):
-    def cross_device(src, dst):
+    def cross_device(src, dst, **options):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
     store.save(10, {"model.pt": b"weights"})
@@ -593,7 +593,7 @@ def test_a_worker_folder_on_a_filesystem_without_locks_is_kept_out_of_the_sweeps
     mine = workdir.Workdir(0, tmp_path)
     assert mine.path.is_dir() and not (mine.path / workdir.OWNER).exists()
     monkeypatch.undo()
-    assert workdir.remove_abandoned(tmp_path) == [] and mine.path.is_dir()
+    assert workdir.remove_abandoned(tmp_path, workdir.PREFIX) == [] and mine.path.is_dir()
     mine.remove()
     assert not mine.path.exists()
 
@@ -680,3 +680,285 @@ def test_an_endpoint_pyarrow_cannot_take_is_one_line(endpoint):
         StorageConfig(name="s3", uri="s3://bucket/p", endpoint=endpoint)
     for fine in ("https://s3.example.com", "http://127.0.0.1:8333", "minio.internal:9000"):
         StorageConfig(name="s3", uri="s3://bucket/p", endpoint=fine)  # no scheme: https
+
+
+# -- a crafted or broken newest checkpoint, links in a store, durability -------------------
+
+
+class KeysWithoutFolders:
+    """A local filesystem that writes a key without its folder made first, as S3 does."""
+
+    def __init__(self, fs):
+        self.fs = fs
+
+    def open_output_stream(self, path, *args, **options):
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        return self.fs.open_output_stream(path, *args, **options)
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+
+def object_store(tmp_path: Path) -> CheckpointStore:
+    """A store that reads and writes as an object store does (downloads checked as they
+    stream, sizes as the store reports them, PUTs, no fsync), over a local folder: the object
+    store's side of the code without a server."""
+    fake = CheckpointStore(StorageSpec(str(tmp_path / "run")))
+    fake.is_local, fake.fs = False, KeysWithoutFolders(fake.fs)
+    return fake
+
+
+@pytest.fixture(params=["local", "object"])
+def any_store(request, tmp_path):
+    if request.param == "object":
+        return object_store(tmp_path)
+    return CheckpointStore(StorageSpec(str(tmp_path / "run")))
+
+
+def rewrite_manifest(store: CheckpointStore, step: int, change) -> None:
+    """The committed manifest of ``step`` as ``change(manifest)`` leaves it: what anyone able
+    to write the storage could publish, or a broken disk leave."""
+    path = Path(store.ref(step).path) / MANIFEST
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def entry_of(name: str, key: str, value):
+    def change(manifest):
+        manifest["files"][name][key] = value
+    return change
+
+
+def meta_of(key: str, value):
+    def change(manifest):
+        manifest["meta"][key] = value
+    return change
+
+
+def file_and_folder(manifest):  # "b" listed as "a/b", beside the file "a"
+    manifest["files"]["a/b"] = manifest["files"].pop("b")
+
+
+CRAFTED = {
+    "a file and a folder of one name": (file_and_folder, "'a/b' under 'a', which is a file too"),
+    "negative size": (entry_of("a", "bytes", -1), "no plausible size (-1"),
+    "size not whole": (entry_of("a", "bytes", 5.0), "no plausible size (5.0"),
+    "size true": (entry_of("a", "bytes", True), "no plausible size (True"),
+    "absurd size": (entry_of("a", "bytes", 1 << 60), "no plausible size"),
+    "sha256 not hex": (entry_of("a", "sha256", "z" * 64), "has no sha256"),
+    "rank not a number": (entry_of("a", "rank", "0"), "names no rank"),
+    "sequence not a number": (lambda m: m.update(sequence="9"), "sequence is '9'"),
+    "meta not an object": (lambda m: m.update(meta=["x"]), "meta is not an object"),
+    "data position not an object": (meta_of("data", "next_step=100"),
+                                    "data position (meta.data) is not an object"),
+    "data position wrongly typed": (meta_of("data", {"next_step": "100"}), "next_step='100'"),
+    "data position half a batch order": (meta_of("data", {"num_rows": 100, "next_step": 1}),
+                                         "num_rows and global_batch without the other"),
+    "streamed position without its data summary": (
+        meta_of("data", {"streamed": True, "next_step": 100}), "no summary of the data"),
+    "data summary listing files badly": (
+        meta_of("data", {"streamed": True, "next_step": 100,
+                         "manifest": {"digest": "d", "rows": 5, "files": {"x.parquet": 7}}}),
+        "lists its data files badly"),
+}
+
+
+@pytest.mark.parametrize("case", CRAFTED)
+def test_a_crafted_manifest_is_corrupt_and_the_older_checkpoint_is_used(any_store, tmp_path, case):
+    """Each is set aside as corrupt with a warning naming the checkpoint and why; the run
+    resumes from the older one. Before: a file and a folder of one name, or an absurd size in
+    an object store, stopped the run as an unreachable store ("fix the disk"); a malformed data
+    position or meta was taken, and failed later in the driver or a worker as a traceback."""
+    change, why = CRAFTED[case]
+    any_store.save(10, {"a": b"good", "b": b"older"}, {"data": {"next_step": 10}})
+    any_store.save(20, {"a": b"newer", "b": b"other"}, {"data": {"next_step": 20}})
+    rewrite_manifest(any_store, 20, change)
+    skipped: list[str] = []
+    ref, files, meta = load_newest_intact(any_store, tmp_path, skipped)
+    assert ref.step == 10 and files == {"a": b"good", "b": b"older"}
+    assert len(skipped) == 1 and f"{step_dir(20)}/{MANIFEST}" in skipped[0], skipped
+    assert why in skipped[0], skipped
+
+
+def test_a_size_larger_than_stored_is_corruption_not_a_disk_too_small(tmp_path):
+    """An object store's manifest listing 8 TiB for a file of 5 bytes: the download's disk
+    check took it for a cache disk too small, and the run stopped ("fix the disk")."""
+    fake = object_store(tmp_path)
+    fake.save(10, {"a": b"good"})
+    fake.save(20, {"a": b"newer"})
+    rewrite_manifest(fake, 20, entry_of("a", "bytes", 8 << 40))
+    skipped: list[str] = []
+    assert load_newest_intact(fake, tmp_path, skipped)[0].step == 10
+    assert "a is missing or has the wrong size (5 bytes stored, 8796093022208 listed)" in skipped[0]
+
+
+@pytest.mark.parametrize("content", ["oversized", "nested deep"])
+def test_a_manifest_too_large_or_too_deep_to_read_is_corrupt(any_store, tmp_path, content):
+    """A manifest over 64 MiB is refused unread (it was read whole into memory: a planted one
+    of many GiB took the worker's memory); one nested deeper than Python parses raised a
+    RecursionError, a traceback, not corruption."""
+    any_store.save(10, {"a": b"good"})
+    any_store.save(20, {"a": b"newer"})
+    path = Path(any_store.ref(20).path) / MANIFEST
+    if content == "oversized":  # valid JSON, padded: read whole, it passed every check
+        with path.open("a") as f:
+            f.write(" " * (64 << 20))
+        why = "more than the 67108864 it may"
+    else:
+        path.write_text("[" * 200_000 + "]" * 200_000)
+        why = "is not JSON"
+    skipped: list[str] = []
+    ref, files, _ = load_newest_intact(any_store, tmp_path, skipped)
+    assert ref.step == 10 and files == {"a": b"good"}
+    assert why in skipped[0], skipped
+    assert any_store.commit_order(any_store.ref(20))[0] == -1  # retention: it goes first
+
+
+def test_the_driver_reads_past_a_malformed_data_position(store):
+    """The run plan takes the data position of the newest checkpoint the workers would take:
+    a malformed one reached the data's plan (a KeyError there, or a wrong order)."""
+    from orchestrator.driver.run_plan import data_position
+
+    store.save(100, {"m": b"1"}, {"data": {"next_step": 100}})
+    store.save(200, {"m": b"2"}, {"data": {"streamed": True, "next_step": 200}})
+    assert data_position(store, store.committed()) == {"next_step": 100}
+
+
+@pytest.mark.parametrize("record, why", [
+    ("[]", "is not a JSON object"),
+    ('{"failed": 5, "files": {}}', "its failure is not a message"),
+    ('{"save_s": "slow", "files": {}}', "save_s is 'slow'"),
+])
+def test_a_malformed_part_record_is_named_as_corrupt(store, record, why):
+    part = Path(store.ref(10).path) / PARTS / "att-rank_00000.json"
+    part.parent.mkdir(parents=True)
+    part.write_text(record)
+    with pytest.raises(CorruptCheckpoint, match="att-rank_00000.json") as refused:
+        store.wait_for_parts(10, "att", 1, Backoff(deadline_s=1))
+    assert why in str(refused.value)
+
+
+def copy_elsewhere(folder: Path, where: Path) -> Path:
+    shutil.copytree(folder, where)
+    return where
+
+
+@pytest.mark.parametrize("linked", ["file", "folder", "manifest"])
+def test_a_link_in_a_local_checkpoint_is_refused(store, tmp_path, linked):
+    """A symbolic link where a checkpoint's file, folder or manifest should be, pointing at a
+    copy with the very content listed (size and hash match): it was followed, and the run read
+    whatever it pointed at. Now the checkpoint is corrupt, named with why."""
+    store.save(10, {"a": b"good"})
+    store.save(20, {"a": b"newer"})
+    step = tmp_path / "run" / step_dir(20)
+    place = {"file": Path(stored_path(step, "a")), "folder": step / "single",
+             "manifest": step / MANIFEST}[linked]
+    outside = copy_elsewhere(place, tmp_path / "outside") if place.is_dir() else tmp_path / "outside"
+    if not place.is_dir():
+        shutil.copyfile(place, outside)
+        place.unlink()
+    else:
+        shutil.rmtree(place)
+    place.symlink_to(outside)
+    skipped: list[str] = []
+    ref, files, _ = load_newest_intact(store, tmp_path, skipped)
+    assert ref.step == 10 and files == {"a": b"good"}
+    assert "is a symbolic link" in skipped[0] and step_dir(20) in skipped[0], skipped
+    with pytest.raises(CorruptCheckpoint, match="symbolic link"):
+        store.load(store.ref(20))
+
+
+def test_a_linked_step_folder_is_not_a_checkpoint(store, tmp_path):
+    """step_30 -> a committed checkpoint's folder elsewhere: not taken, not written through."""
+    store.save(10, {"a": b"good"})
+    store.save(20, {"a": b"newer"})
+    elsewhere = copy_elsewhere(tmp_path / "run" / step_dir(20), tmp_path / "elsewhere")
+    (tmp_path / "run" / step_dir(30)).symlink_to(elsewhere)
+    assert [r.step for r in store.committed()] == [10, 20] and not store.is_committed(30)
+    assert load_newest_intact(store, tmp_path)[0].step == 20
+    with pytest.raises(CorruptCheckpoint, match="never written through one"):
+        store.save(30, {"a": b"30"})
+    assert sorted(p.name for p in elsewhere.iterdir()) == sorted([MANIFEST, PARTS, "single"])
+
+
+def test_every_rank_checks_the_hash_of_what_it_restores(store, tmp_path):
+    """A rank other than 0 restored a local store's files by their size only (rank 0 had
+    checked the same files' hashes, but they can change since): a file rewritten with other
+    bytes of the same size was loaded."""
+    for rank in (1, 0):
+        Committer(store, rank, 2, "att", asynchronous=False).snapshot(
+            10, rank_folder(tmp_path / "w", rank, {f"rank{rank}.bin": b"%d" % rank * 100}), {})
+    ref, _ = store.newest_intact(tmp_path / "rank0")  # rank 0 chose it, intact
+    Path(stored_path(Path(ref.path), "rank1.bin")).write_bytes(b"x" * 100)  # the same size
+    with pytest.raises(CorruptCheckpoint, match="rank1.bin does not match its manifest"):
+        # as worker_api.restore() calls it on a rank other than 0 of a local store
+        store.fetch_loaded(ref, tmp_path / "rank1", matching("rank1.bin"))
+    assert not (tmp_path / "rank1" / step_dir(10) / "rank1.bin").exists()
+
+
+class RecordingDeletions:
+    """The store's filesystem, its deletions noted in ``events``."""
+
+    def __init__(self, fs, events: list):
+        self.fs, self.events = fs, events
+
+    def delete_file(self, path):
+        self.events.append(("delete", os.path.realpath(path)))
+        return self.fs.delete_file(path)
+
+    def delete_dir(self, path):
+        self.events.append(("delete", os.path.realpath(path)))
+        return self.fs.delete_dir(path)
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+
+def record_syncs_and_renames(monkeypatch, events: list) -> None:
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.realpath(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fsync(fd)
+
+    def replace(src, dst, **options):
+        events.append(("rename", os.path.realpath(dst)))
+        return real_replace(src, dst, **options)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def test_a_local_commit_is_on_disk_before_it_shows_and_before_retention_deletes(
+        store, tmp_path, monkeypatch):
+    """A power loss after the manifest's rename must not leave a committed checkpoint whose
+    files, part records or folders were still in memory, with retention having deleted the
+    older ones: nothing was fsync'ed. Now every file once, the part record, every folder and
+    the manifest are, before the rename; the rename before retention deletes."""
+    store.save(10, {"a": b"old"})
+    events: list = []
+    record_syncs_and_renames(monkeypatch, events)
+    store.fs = RecordingDeletions(store.fs, events)
+    store.save(20, {"a": b"new", "sub/b": b"nested"})
+    assert store.prune(keep=1) == [10]
+    root = Path(os.path.realpath(tmp_path / "run"))
+    step = root / step_dir(20)
+    commit = events.index(("rename", str(step / MANIFEST)))
+    synced = [path for kind, path in events[:commit] if kind == "fsync"]
+    files = [stored_path(step, "a"), stored_path(step, "sub/b")]
+    for path in [*files, str(step / "single" / "sub"), str(step / "single"), str(step / PARTS),
+                 str(step), str(root), str(root.parent)]:
+        assert path in synced, (path, synced)
+    assert all(synced.count(path) == 1 for path in files)  # once a file, not per chunk
+    for record in (step / PARTS / "single-rank_00000.json", step / MANIFEST):
+        assert any(path.startswith(f"{record}.tmp") for path in synced), (record, synced)
+    deleted = events.index(("delete", str(root / step_dir(10) / MANIFEST)))
+    assert ("fsync", str(step)) in events[commit:deleted]
+
+
+def test_an_object_store_is_never_fsynced(tmp_path, monkeypatch):
+    events: list = []
+    record_syncs_and_renames(monkeypatch, events)
+    object_store(tmp_path).save(10, {"a": b"x"})
+    assert not [e for e in events if e[0] == "fsync"]

@@ -33,6 +33,8 @@ def test_a_users_loop_survives_a_rank_killed_mid_checkpoint_and_ends_bit_identic
     crashed = run_cli(tmp_path / "crashed", *common, "+trainer.steps=300",
                       "trainer.fn=mypkg.faults:crash_while_saving",
                       "+trainer.crash_at=200", f"+trainer.marker={tmp_path / 'crashed-once'}",
+                      "+trainer.committed_first="
+                      f"{storage / 'crashed' / 'step_000000100' / 'manifest.json'}",
                       "run.name=crashed", cwd=project)
     assert crashed.returncode == 0, crashed.output[-4000:]
     rec = crashed.record

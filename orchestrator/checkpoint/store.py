@@ -8,7 +8,10 @@ where each is stored). Rank 0 waits until every rank of its attempt has written
 one, then writes the manifest, which lists every rank's files: the commit. A folder without a
 manifest (a rank died mid-write, an upload failed) is never taken as a checkpoint; a folder
 whose files disagree with the manifest is corrupt and is skipped in favour of the next older
-one. Committed checkpoints are never overwritten.
+one. Committed checkpoints are never overwritten. On a local store every file, part record
+and folder is fsync'ed before the manifest's rename commits, and the rename before the commit
+returns (local_disk). What a manifest or part record says is checked before anything acts on it
+(manifest_checks): a record that fails is corruption, never a traceback.
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ from pathlib import Path, PurePosixPath
 
 import pyarrow.fs as pafs
 
+from orchestrator.checkpoint import local_disk
+from orchestrator.checkpoint.manifest_checks import (
+    MANIFEST,
+    MAX_RECORD_BYTES,
+    CorruptCheckpoint,
+    check_manifest,
+    check_part_record,
+    listed_files,
+    parse_record,
+)
 from orchestrator.checkpoint.names import check_names
 from orchestrator.checkpoint.retry import DEFAULT_BACKOFF, Backoff, with_retries
 from orchestrator.errors import one_line
@@ -34,7 +47,6 @@ from orchestrator.storage.location import StorageSpec, join, refused_credentials
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 PARTS = ".parts"
 CHUNK = 8 << 20  # bytes read, hashed and written at a time: memory stays flat for any file
 # Wait for the object store's pending part uploads every this many bytes: pyarrow's S3
@@ -44,10 +56,6 @@ IN_FLIGHT = 64 << 20
 _STEP_DIR = re.compile(r"^step_(\d{9})$")
 # Reading the checkpoint a run starts from: an outage of up to two minutes is waited out.
 READING_BACKOFF = Backoff(1.0, 10.0, 120.0)
-
-
-class CorruptCheckpoint(RuntimeError):
-    pass
 
 
 class WriteNeverCommits(CorruptCheckpoint):
@@ -159,14 +167,6 @@ def through_link(directory: Path, name: str) -> bool:
     return False
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _same_manifest(path: Path, manifest: dict) -> bool:
     try:
         return json.loads(path.read_text()) == manifest
@@ -211,6 +211,10 @@ class CheckpointStore:
                 refs.append(self.ref(int(match.group(1))))
         return sorted(refs, key=lambda r: r.step)
 
+    def _linked(self, path: str) -> bool:
+        """Whether a local store's ``path`` is a symbolic link (an object store has none)."""
+        return self.is_local and os.path.islink(path)
+
     def latest(self) -> CheckpointRef | None:
         refs = self.committed()
         return refs[-1] if refs else None
@@ -218,28 +222,46 @@ class CheckpointStore:
     def is_committed(self, step: int, backoff: Backoff | None = None) -> bool:
         """Whether the step's manifest is there; retried within ``backoff`` if one is given."""
         def check() -> bool:
-            return self.fs.get_file_info(join(self.ref(step).path, MANIFEST)).type == pafs.FileType.File
+            path = self.ref(step).path
+            if self._linked(path):  # a step folder linked in is never taken (nor written)
+                return False
+            return self.fs.get_file_info(join(path, MANIFEST)).type == pafs.FileType.File
         if backoff is None:
             return check()
         return self._retry(f"checking {self.ref(step).uri}", check, backoff)
 
     def read_manifest(self, ref: CheckpointRef) -> dict:
-        """The manifest, its file list checked (CorruptCheckpoint if a name could leave the
-        folder or an entry lacks its size and hash): what reads it can trust the names."""
-        with self.fs.open_input_stream(join(ref.path, MANIFEST)) as f:
-            manifest = json.loads(f.read())
-        listed_files(manifest, f"{ref.uri}/{MANIFEST}")
+        """The manifest, every field a reader acts on checked (manifest_checks: names that
+        could leave the folder, implausible sizes, a malformed data position...): what reads it
+        can trust it. CorruptCheckpoint otherwise, as for one too large to read."""
+        where = f"{ref.uri}/{MANIFEST}"
+        manifest = parse_record(self._read_record(ref.step, MANIFEST, where), where)
+        check_manifest(manifest, where)
         return manifest
 
-    def fetch(self, ref: CheckpointRef, cache: Path, verify: bool = True) -> Path:
-        """A local directory ``cache/step_<n>`` holding the checkpoint's files (every rank's)
-        and its manifest, nothing else, each file checked against the manifest: the same view
-        from every store. A local store's files are linked in (_link); an object store's are
-        downloaded (hashed as they stream). ``verify=False`` skips a local file's hash."""
-        return self.fetch_some(ref, cache, None, verify)[0]
+    def _read_record(self, step: int, name: str, where: str) -> bytes:
+        """A manifest or part record (``name`` inside the step's folder), whole; refused
+        unread beyond MAX_RECORD_BYTES, as the store reports its size; in a local store, never
+        through a link."""
+        if self.is_local:
+            return local_disk.read_plain(self.root, f"{step_dir(step)}/{name}", where,
+                                         MAX_RECORD_BYTES)
+        with self.fs.open_input_file(join(self.ref(step).path, name)) as f:
+            size = f.size()
+            if size > MAX_RECORD_BYTES:
+                raise CorruptCheckpoint(f"{where} holds {size} bytes, more than the "
+                                        f"{MAX_RECORD_BYTES} it may")
+            return f.read(size)
 
-    def fetch_some(self, ref: CheckpointRef, cache: Path, choose: Callable[[str], bool] | None,
-                   verify: bool = True) -> tuple[Path, int]:
+    def fetch(self, ref: CheckpointRef, cache: Path) -> Path:
+        """A local directory ``cache/step_<n>`` holding the checkpoint's files (every rank's)
+        and its manifest, nothing else, each file's size and SHA-256 checked against the
+        manifest: the same view from every store. A local store's files are linked in
+        (local_disk.link_checked); an object store's are downloaded (hashed as they stream)."""
+        return self.fetch_some(ref, cache, None)[0]
+
+    def fetch_some(self, ref: CheckpointRef, cache: Path,
+                   choose: Callable[[str], bool] | None) -> tuple[Path, int]:
         """``fetch`` of the files ``choose(name)`` accepts (None: all), and the bytes fetched.
         Called again for the same checkpoint and cache, the folder keeps the files it has and
         gets the newly chosen ones too: a rank fetches only what it loads (its own shards, or
@@ -257,16 +279,16 @@ class CheckpointStore:
         wanted = {name: entry for name, entry in manifest["files"].items()
                   if (choose is None or choose(name)) and not (folder / name).exists()}
         need = sum(entry["bytes"] for entry in wanted.values())
-        if not self.is_local:  # downloads: the disk must hold them (links take no room)
-            free = shutil.disk_usage(folder).free
-            if need > free:
-                if not adding:
-                    shutil.rmtree(folder, ignore_errors=True)
-                raise NotEnoughSpace(f"{need} bytes needed in {cache}, {free} free")
         try:
+            if not self.is_local:  # downloads: the disk must hold them (links take no room)
+                self._check_stored_sizes(ref, wanted)  # a forged size is not a disk too small
+                free = shutil.disk_usage(folder).free
+                if need > free:
+                    raise NotEnoughSpace(f"{need} bytes needed in {cache}, {free} free")
             for name, entry in wanted.items():
                 if self.is_local:
-                    self._link(ref, name, entry, folder / name, verify)
+                    local_disk.link_checked(self.root, f"{step_dir(ref.step)}/{stored_at(name, entry)}",
+                                            entry, folder / name, f"{ref.uri}/{name}")
                 else:
                     self._download(ref, name, entry, folder / name)
         except BaseException:
@@ -282,34 +304,26 @@ class CheckpointStore:
             manifest_copy.write_text(json.dumps(manifest, indent=1))
         return folder, need
 
-    def _link(self, ref: CheckpointRef, name: str, entry: dict, target: Path, verify: bool) -> None:
-        """One file of a local store, hard-linked to ``target`` and checked there. The store's
-        folder also holds .parts/ and the files of attempts that never committed, which the
-        view leaves out. On another disk a symbolic link, not a copy: every rank of every
-        node would otherwise copy the whole checkpoint."""
-        source = Path(ref.path) / stored_at(name, entry)
-        if not source.is_file():
-            raise CorruptCheckpoint(f"{ref.uri}/{name} is missing or has the wrong size")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, target)  # the same file, kept even if the store later replaces it
-        except OSError:
-            target.symlink_to(source.resolve())
-        if target.stat().st_size != entry["bytes"]:
-            raise CorruptCheckpoint(f"{ref.uri}/{name} is missing or has the wrong size")
-        if verify and sha256_of(target) != entry["sha256"]:
-            raise CorruptCheckpoint(f"{ref.uri}/{name} does not match its manifest")
+    def _check_stored_sizes(self, ref: CheckpointRef, wanted: Mapping[str, dict]) -> None:
+        """Each file to download is in the object store at its listed size (one HEAD each)."""
+        paths = [join(ref.path, stored_at(name, entry)) for name, entry in wanted.items()]
+        for (name, entry), info in zip(wanted.items(), self.fs.get_file_info(paths), strict=True):
+            if info.type != pafs.FileType.File or info.size != entry["bytes"]:
+                stored = "none" if info.type != pafs.FileType.File else f"{info.size} bytes"
+                raise CorruptCheckpoint(f"{ref.uri}/{name} is missing or has the wrong size "
+                                        f"({stored} stored, {entry['bytes']} listed)")
 
     def _download(self, ref: CheckpointRef, name: str, entry: dict, target: Path) -> None:
         """One file, streamed into a fresh temporary name beside ``target`` and moved into
-        place only once its size and hash match: a bad file never sits under its name."""
+        place only once its size and hash match: a bad file never sits under its name, and
+        one longer than listed stops at its listed size."""
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".download-")
         try:
             digest, size = hashlib.sha256(), 0
             with (os.fdopen(fd, "wb") as dst,
                   self.fs.open_input_stream(join(ref.path, stored_at(name, entry))) as src):
-                while block := src.read(CHUNK):
+                while (block := src.read(CHUNK)) and size <= entry["bytes"]:
                     digest.update(block)
                     dst.write(block)
                     size += len(block)
@@ -351,23 +365,25 @@ class CheckpointStore:
         return None
 
     def fetch_loaded(self, ref: CheckpointRef, cache: Path, choose: Callable[[str], bool],
-                     verify: bool = True, backoff: Backoff = READING_BACKOFF) -> tuple[Path, int]:
+                     backoff: Backoff = READING_BACKOFF) -> tuple[Path, int]:
         """A rank's ``fetch_some`` of the files it loads from the checkpoint rank 0 chose: an
         error of the disk, the network or the credentials is retried within ``backoff``, then
-        raised as CheckpointUnreachable, as for rank 0."""
+        raised as CheckpointUnreachable, as for rank 0. Every file is checked, size and SHA-256:
+        rank 0 checked the same local files, but a writer of the store may have changed them
+        since."""
         try:
             return self._retry(f"reading {ref.uri}",
-                               lambda: self._fetch_content(ref, cache, choose, verify), backoff)
+                               lambda: self._fetch_content(ref, cache, choose), backoff)
         except (OSError, NotEnoughSpace) as exc:
             raise unreachable(ref, exc) from exc
 
     def _fetch_content(self, ref: CheckpointRef, cache: Path,
-                       choose: Callable[[str], bool] | None = None, verify: bool = True):
+                       choose: Callable[[str], bool] | None = None):
         """fetch, where a file or manifest gone since the listing is the checkpoint's fault."""
         try:
             if choose is None:
-                return self.fetch(ref, cache, verify)
-            return self.fetch_some(ref, cache, choose, verify)
+                return self.fetch(ref, cache)
+            return self.fetch_some(ref, cache, choose)
         except FileNotFoundError as exc:
             raise CorruptCheckpoint(f"{ref.uri}: {one_line(exc)}") from exc
 
@@ -385,8 +401,13 @@ class CheckpointStore:
         manifest = self.read_manifest(ref)
         files = {}
         for name, entry in manifest["files"].items():
-            with self.fs.open_input_stream(join(ref.path, stored_at(name, entry))) as f:
-                data = f.read()
+            key, where = stored_at(name, entry), f"{ref.uri}/{name}"
+            if self.is_local:
+                data = local_disk.read_plain(self.root, f"{step_dir(ref.step)}/{key}", where,
+                                             entry["bytes"])
+            else:
+                with self.fs.open_input_stream(join(ref.path, key)) as f:
+                    data = f.read(entry["bytes"] + 1)
             if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
                 raise CorruptCheckpoint(f"{ref.uri}/{name} does not match its manifest")
             files[name] = data
@@ -405,6 +426,9 @@ class CheckpointStore:
             raise ReservedFileName(f"rank {rank}'s write() made {MANIFEST!r} in the checkpoint at "
                                    f"step {step}: that name is the checkpoint's own manifest's")
         check_names(names, f"the snapshot {local} of {ref.uri}", CorruptCheckpoint)
+        if self._linked(ref.path):  # its files would land wherever the link points
+            raise CorruptCheckpoint(f"{ref.uri} is a symbolic link: a checkpoint is never "
+                                    "written through one")
         self._retry(f"creating {ref.uri}", lambda: self.fs.create_dir(ref.path, recursive=True),
                     backoff)
         entries = {}
@@ -421,6 +445,9 @@ class CheckpointStore:
                                backoff)
             if size != entry["bytes"]:
                 raise CorruptCheckpoint(f"{ref.uri}/{name}: {size} bytes stored, {entry['bytes']} sent")
+        if self.is_local:  # the folders naming the files, durable before the part says "done"
+            self._retry(f"syncing {ref.uri}", lambda: self._fsync_folders(
+                ref, [e["key"] for e in entries.values()]), backoff)
         record = {"step": step, "rank": rank, "attempt": attempt, "files": entries, **(note or {})}
         self._retry(f"recording rank {rank}'s part of {ref.uri}",
                     lambda: self._write_atomically(join(ref.path, PARTS, part_name(attempt, rank)),
@@ -429,16 +456,8 @@ class CheckpointStore:
 
     def _store_file(self, local: Path, remote: str, linked: bool = False) -> dict:
         """``linked``: the file is reached through a link (the user's own): copied, not moved."""
-        if self.is_local:
-            Path(remote).parent.mkdir(parents=True, exist_ok=True)
-            digest = sha256_of(local)
-            try:
-                if linked:
-                    raise OSError("a link: its content is copied")
-                os.replace(local, remote)  # the staging folder is ours alone: move, not copy
-            except OSError:  # another disk, or a link to a file that is not ours to move
-                shutil.copyfile(local, remote)
-            return {"bytes": os.path.getsize(remote), "sha256": digest}
+        if self.is_local:  # moved or copied, then fsync'ed
+            return local_disk.store_file(local, Path(remote), linked)
         digest, size = hashlib.sha256(), 0
         parent = remote.rsplit("/", 1)[0]
         self.fs.create_dir(parent, recursive=True)
@@ -471,8 +490,10 @@ class CheckpointStore:
         for info in self.fs.get_file_info(selector):
             match = re.match(rf"^{re.escape(attempt)}-rank_(\d+)\.json$", info.base_name)
             if match and info.type == pafs.FileType.File:
-                with self.fs.open_input_stream(info.path) as f:
-                    found[int(match.group(1))] = json.loads(f.read())
+                where = f"{self.ref(step).uri}/{PARTS}/{info.base_name}"
+                record = parse_record(self._read_record(step, f"{PARTS}/{info.base_name}", where),
+                                      where)
+                found[int(match.group(1))] = check_part_record(record, where)
         return found
 
     def wait_for_parts(self, step: int, attempt: str, world_size: int,
@@ -516,6 +537,8 @@ class CheckpointStore:
                                             f"{name!r} into the checkpoint at step {step}")
                 files[name] = {**entry, "rank": rank}
         ref = self.ref(step)
+        if self.is_local:  # each rank synced its folders, and its part record; .parts' entry:
+            self._retry(f"syncing {ref.uri}", lambda: local_disk.fsync_folder(ref.path), backoff)
         sequence = self._retry(f"reading the commit order in {self.spec.uri}",
                                self._newest_sequence, backoff) + 1
         manifest = {"step": step, "world_size": len(parts), "files": files, "meta": meta,
@@ -523,7 +546,7 @@ class CheckpointStore:
         self._retry(f"committing {ref.uri}",
                     lambda: self._write_atomically(join(ref.path, MANIFEST),
                                                    json.dumps(manifest, indent=1).encode()), backoff)
-        self._sequence = sequence
+        self._sequence = sequence  # the rename is durable (write_atomically): retention may go
         total = sum(e["bytes"] for e in files.values())
         return SavedCheckpoint(ref, total, time.perf_counter() - started, meta)
 
@@ -542,15 +565,17 @@ class CheckpointStore:
         return self.commit(step, {0: {"files": part}}, meta or {}, backoff)
 
     def _write_atomically(self, path: str, data: bytes) -> None:
-        if self.is_local:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            tmp = f"{path}.tmp{os.getpid()}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)  # rename: readers see no file or a whole one
+        if self.is_local:  # a rename, the bytes fsync'ed before it and the folder after
+            local_disk.write_atomically(path, data)
         else:
             with self.fs.open_output_stream(path) as f:  # an object PUT is atomic
                 f.write(data)
+
+    def _fsync_folders(self, ref: CheckpointRef, keys: list[str]) -> None:
+        """fsync the folders of a local checkpoint holding ``keys``, the step's own folder and
+        the two above it (local_disk.folders_of)."""
+        for folder in local_disk.folders_of(ref.path, keys):
+            local_disk.fsync_folder(folder)
 
     def prune(self, keep: int, protect: set[int] = frozenset()) -> list[int]:
         """Delete all but the ``keep`` last committed checkpoints; never one in ``protect``.
@@ -569,13 +594,14 @@ class CheckpointStore:
     def commit_order(self, ref: CheckpointRef) -> tuple[int, int]:
         """Where a committed checkpoint stands in commit order: its manifest's sequence (0
         where it has none: written before there was one), then its step. A manifest that
-        does not parse comes first; one that cannot be read raises (nothing is deleted).
+        does not parse (or is too large, or a link) comes first; one that cannot be read
+        raises (nothing is deleted).
         A sequence, not the clock: the nodes that commit one after another may disagree."""
-        with self.fs.open_input_stream(join(ref.path, MANIFEST)) as f:
-            raw = f.read()
+        where = f"{ref.uri}/{MANIFEST}"
         try:
-            sequence = json.loads(raw).get("sequence", 0)
-        except (ValueError, AttributeError):
+            sequence = parse_record(self._read_record(ref.step, MANIFEST, where), where).get(
+                "sequence", 0)
+        except CorruptCheckpoint:
             sequence = -1
         return (sequence if type(sequence) is int else 0, ref.step)
 
@@ -585,20 +611,6 @@ class CheckpointStore:
         if self._sequence is None:
             self._sequence = max((self.commit_order(r)[0] for r in self.committed()), default=0)
         return self._sequence
-
-
-def listed_files(manifest: object, where: str) -> dict[str, dict]:
-    """A manifest's {name: {bytes, sha256, ...}}, every name and entry checked."""
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict):
-        raise CorruptCheckpoint(f"{where} lists no files")
-    check_names(files, where, CorruptCheckpoint)
-    for name, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
-                and isinstance(entry.get("sha256"), str)):
-            raise CorruptCheckpoint(f"{where}: the entry of {name!r} has no size and sha256")
-    check_names([stored_at(n, e) for n, e in files.items()], where, CorruptCheckpoint)
-    return files
 
 
 def part_name(attempt: str, rank: int) -> str:
