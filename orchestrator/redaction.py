@@ -45,10 +45,11 @@ _BEARER = re.compile(r"(?i)\b(bearer\s+)[\w.~+/=\-]{8,}")
 
 
 # A secret word followed by one of these names something about it, not the secret itself
-# (pad_token_id, token_dropout, auth_token_path: RAY_AUTH_TOKEN_PATH is a file's path).
+# (pad_token_id, token_dropout, auth_token_path: RAY_AUTH_TOKEN_PATH is a file's path;
+# RAY_AUTH_MODE=disabled, Ray's own advice, is a setting).
 NOT_THE_SECRET = frozenset({"id", "ids", "dim", "dims", "dropout", "type", "types", "len",
                             "length", "count", "size", "path", "file", "dir", "sock", "url",
-                            "endpoint", "index", "idx"})
+                            "endpoint", "index", "idx", "mode", "method", "scheme", "enabled"})
 
 
 def is_secret_name(name: object) -> bool:

@@ -35,7 +35,9 @@ def test_secret_names(name):
     "key", "X-Amz-Date",
     # a model's settings, and a path to a secret (not the secret): pad_token_id was hidden in
     # run.json and .hydra, and the dashboard's sign-in hint lost RAY_AUTH_TOKEN_PATH's file
-    "pad_token_id", "eos_token_id", "token_dropout", "signature_dim", "RAY_AUTH_TOKEN_PATH"])
+    "pad_token_id", "eos_token_id", "token_dropout", "signature_dim", "RAY_AUTH_TOKEN_PATH",
+    # a setting: Ray's "Set RAY_AUTH_MODE=disabled to opt out" read RAY_AUTH_MODE=***
+    "RAY_AUTH_MODE", "auth_method"])
 def test_names_that_are_not_secrets(name):
     assert not is_secret_name(name)
 
@@ -62,7 +64,8 @@ def test_secrets_inside_strings_are_hidden(text, hidden, kept):
 @pytest.mark.parametrize("text", [
     "s3://bucket/prefix/step_000000010", "mail me at a@b.example", "trainer.lr=0.1",
     "http://127.0.0.1:8265", "tokens=128", "s3://bucket/users/jane@corp.com/run",
-    "git+https://github.com/o/r.git@v1"])
+    "git+https://github.com/o/r.git@v1",
+    "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out."])
 def test_plain_strings_are_kept(text):
     assert redact_text(text, secrets=[]) == text
 
