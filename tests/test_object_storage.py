@@ -55,6 +55,30 @@ def test_a_partial_upload_is_never_the_latest(s3_server, bucket):
     assert [r.step for r in store.committed()] == [10]
 
 
+def test_a_folder_name_an_object_store_keeps_after_its_last_object_is_no_warning(
+        s3_server, bucket, caplog):
+    """SeaweedFS lists a step folder whose objects are gone (emptied by retention) and then
+    says it does not exist when it is removed: there is nothing to clean, and every S3 run
+    warned 'cleaning .../step_...: [Errno 2] Path does not exist'."""
+    import logging
+
+    from orchestrator.checkpoint.cleanup import remove_stale
+
+    store = CheckpointStore(spec_for(s3_server, "emptied"))
+    for step in (10, 20, 30):
+        store.save(step, {"a": b"%d" % step})
+    fs = s3_server.filesystem()
+    failed = f"ckpt-tests/emptied/{step_dir(15)}"
+    with fs.open_output_stream(f"{failed}/a") as f:
+        f.write(b"half")  # a failed write's leftover
+    fs.delete_file(f"{failed}/a")
+    store.prune(keep=1, protect=set())  # retention empties steps 10 and 20
+    with caplog.at_level(logging.WARNING):
+        remove_stale(store)
+    assert not [r for r in caplog.records if "cleaning" in r.getMessage()], caplog.text
+    assert [r.step for r in store.committed()] == [30]
+
+
 def test_a_corrupt_object_is_reported_and_the_older_checkpoint_used(s3_server, bucket, tmp_path):
     store = CheckpointStore(spec_for(s3_server, "corrupt"))
     store.save(10, {"a": b"good"})

@@ -7,6 +7,7 @@ set-aside manifest is kept for a look."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 
@@ -56,6 +57,8 @@ def remove_failed_writes(store: CheckpointStore) -> list[str]:
                 store.fs.delete_file(path)
             removed.append(path)
         except OSError as exc:
+            if exc.errno == errno.ENOENT:  # an object store's name for a folder it emptied
+                continue  # (SeaweedFS lists it after its last object went): nothing is there
             log.warning("cleaning %s: %s", path, exc)
     if store.is_local:
         try:  # the staging folder itself, once no rank has one in it
