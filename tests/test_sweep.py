@@ -130,6 +130,7 @@ def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_c
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, out[-4000:]
+    assert "Tuner.restore(" not in out and "the same command runs the rest" in out, out[-4000:]
     rec = sweep_record(project / "sweep")
     assert rec["status"] == "interrupted" and [r["status"] for r in rec["trials"]] == \
         ["interrupted"] * 2, rec

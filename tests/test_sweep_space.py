@@ -322,3 +322,34 @@ def test_the_fork_server_steps_aside_for_whatever_else_decides_how_processes_sta
         monkeypatch.setenv(name, value)
         assert not fork_server.usable(), name
         monkeypatch.delenv(name)
+
+
+def test_tunes_restore_advice_is_not_shown_after_a_ctrl_c():
+    """Tune's 'Resume experiment with: Tuner.restore(...)' is not how a sweep goes on (the same
+    command runs the rest): the sweep's filter drops it from the logger Tune writes it to."""
+    import logging
+
+    from ray.tune import tune as tune_module
+
+    from orchestrator.sweep.runner import TUNE_LOGGER, NoTunerRestoreAdvice
+
+    class Kept(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    assert tune_module.logger.name == TUNE_LOGGER
+    kept, advice = Kept(), NoTunerRestoreAdvice()
+    tune_module.logger.addHandler(kept)
+    tune_module.logger.addFilter(advice)
+    try:
+        tune_module.logger.warning("Experiment has been interrupted, but the most recent state "
+                                   "was saved.\nResume experiment with: Tuner.restore(path=x)")
+        tune_module.logger.warning("a trial failed")
+    finally:
+        tune_module.logger.removeFilter(advice)
+        tune_module.logger.removeHandler(kept)
+    assert kept.messages == ["a trial failed"]

@@ -29,6 +29,18 @@ from orchestrator.sweep.space import SweepSpace, build_space, check_search, tune
 from orchestrator.sweep.trial import TrialContext, read_record, run_trial
 
 log = logging.getLogger("orchestrator")
+
+
+class NoTunerRestoreAdvice(logging.Filter):
+    """Tune's "Experiment has been interrupted ... Resume experiment with: Tuner.restore(...)"
+    after a Ctrl-C is not how a sweep goes on: the same command runs the rest, as the sweep
+    then says."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tuner.restore(" not in record.getMessage()
+
+
+TUNE_LOGGER = "ray.tune.tune"
 TUNE_DIR = "tune"
 
 
@@ -173,6 +185,7 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
                            run_name=config.run.name or name, command_dir=os.getcwd(),
                            metric_required=needs_metric(conf))
         tuner = make_tuner(conf, ctx, sweep_dir, grid, at_once, int(config.get("seed", 0)))
+        logging.getLogger(TUNE_LOGGER).addFilter(NoTunerRestoreAdvice())
         with StopOnCtrlC() as ctrl_c:
             try:
                 results = tuner.fit()
