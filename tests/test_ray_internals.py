@@ -1282,3 +1282,18 @@ def test_an_embedded_ray_starts_beside_busy_loops_or_says_the_machine_was_too_bu
             loop.wait()
     assert not ray.is_initialized()
     assert {pid for pid, _ in descendants(os.getpid())} - before == set()
+
+
+def test_a_dashboard_that_did_not_start_is_said_with_its_logs_last_line_and_where_it_is():
+    """Ray's error quotes the dashboard's log after a line that only announces it: the warning
+    said '(Exception: The last 20 lines of ...dashboard.log (it contains the error message
+    from the dashboard):)' and nothing after."""
+    from orchestrator.ray_internals.head_start import dashboard_failure
+
+    quoted = Exception("\nThe last 20 lines of /tmp/ray/s/logs/dashboard.log (it contains the "
+                       "error message from the dashboard): \n2026 INFO head.py -- starting\n"
+                       "OSError: [Errno 98] Address already in use\n")
+    assert dashboard_failure(quoted) == ("OSError: [Errno 98] Address already in use; its log: "
+                                         "/tmp/ray/s/logs/dashboard.log")
+    plain = RuntimeError("Failed to start the dashboard, return code 1\nmore")
+    assert dashboard_failure(plain) == "RuntimeError: Failed to start the dashboard, return code 1"

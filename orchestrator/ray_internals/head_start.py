@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 import threading
 import time
 import weakref
@@ -122,15 +123,26 @@ class _DashboardStart:
             _ray_start_api_server(self.node, **self.options)
         except BaseException as exc:  # noqa: BLE001  (Ray's own messages: many lines)
             if not self.stopping:
-                first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
-                log.warning("the Ray dashboard did not start (%s: %s); the run goes on without "
-                            "it", type(exc).__name__, first[:200])
+                log.warning("the Ray dashboard did not start (%s); the run goes on without it",
+                            dashboard_failure(exc))
         self.published.set()
         for info in self.node.all_processes.get(ray_constants.PROCESS_TYPE_DASHBOARD, []):
             info.process.wait()  # this thread's end would kill the dashboard
 
 
 _starts: weakref.WeakSet[_DashboardStart] = weakref.WeakSet()
+LOG_TAIL = re.compile(r"^The last \d+ lines of (?P<log>.+?) \(it contains the error message")
+
+
+def dashboard_failure(exc: BaseException) -> str:
+    """Ray's error for a dashboard that did not start, in a few words: the last line of the
+    dashboard's log and where that log is, where Ray's message quotes it (its first line only
+    announces the quote), else its first line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    quoted = LOG_TAIL.match(lines[0]) if lines else None
+    if quoted and len(lines) > 1:
+        return f"{lines[-1][:200]}; its log: {quoted['log']}"
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def stopping() -> None:
