@@ -72,13 +72,17 @@ class TrainingInfo:
     # What each CPU worker's process imports as it starts, instead of its backend's
     # (orchestrator/worker/warm.py); None: the backend's.
     warm_imports: tuple[str, ...] | None = None
+    # (trainer keys) -> what the run trains on, for a derived run name, in place of the data's
+    # name (trainer=script: the script's; its data is its own)
+    run_label: Callable[[dict], str] | None = None
 
 
 def training_function(config: type | None = None,
                       check: Callable[[dict], Iterable[str] | None] | None = None,
                       step_unit: str = "step", streams: bool = False,
                       cluster: Callable[[dict, dict, set], dict] | None = None,
-                      warm_imports: Iterable[str] | None = None):
+                      warm_imports: Iterable[str] | None = None,
+                      run_label: Callable[[dict], str] | None = None):
     """Optional decorator: the schema your ``trainer`` keys must fit (a dataclass whose
     ``__post_init__`` may raise ConfigError), extra checks ``check(cfg)`` on what the function
     will get (``{"trainer": ..., "data": ...}``: try your parts on a tiny batch, say), and the
@@ -91,11 +95,13 @@ def training_function(config: type | None = None,
     ``ctx.dataset()`` (the whole data in memory). ``warm_imports``: the modules each CPU
     worker's process imports as it starts, before Ray places it (and each process kept ready
     for a restart), instead of its backend's (torch: ``ray.train.torch`` and
-    ``torch._dynamo``); ``module:function`` also calls the function."""
+    ``torch._dynamo``); ``module:function`` also calls the function. ``run_label(trainer)``:
+    what a derived run name says the run trains on, in place of ``data.name``."""
 
     def mark(fn):
         warm = tuple(warm_imports) if warm_imports is not None else None
-        fn.__training_info__ = TrainingInfo(config, check, step_unit, streams, cluster, warm)
+        fn.__training_info__ = TrainingInfo(config, check, step_unit, streams, cluster, warm,
+                                            run_label)
         return fn
 
     return mark

@@ -557,3 +557,18 @@ def test_a_file_rewritten_while_it_is_copied_is_never_part_of_a_checkpoint(tmp_p
     assert not watcher.poll() and watcher.poll()  # the new version, once still
     save(4)
     assert committed(4)["node_0/work/model.pt"] == b"X" * SIZE
+
+
+def test_a_script_runs_derived_name_says_its_script_not_the_default_data():
+    """A minGPT script's run was named script-digits-<hash>: the data keys are not what a
+    script trains on."""
+    from orchestrator.driver.run_plan import derive_run_name
+    from orchestrator.worker_api import training_info
+    from trainers.script.run import main, script_label
+
+    assert training_info(main).run_label is script_label
+    trainer = {"name": "script", "command": "torchrun --nproc-per-node=2 mingpt/main.py x=1"}
+    assert derive_run_name(trainer, {"name": "digits"}, 0, script_label(trainer)).startswith(
+        "script-main-")
+    assert script_label({"command": "python -m mypkg.train --epochs 1"}) == "mypkg.train"
+    assert derive_run_name({"name": "ddp"}, {"name": "digits"}, 0).startswith("ddp-digits-")

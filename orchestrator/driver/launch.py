@@ -83,7 +83,9 @@ def checked_run(cfg_node: DictConfig) -> CheckedRun:
     training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True), data)
     check_cluster(training.backend, cfg.cluster.gpus_per_worker)
     return CheckedRun(cfg, training, data,
-                      make_plan(cfg, training.config, data, training.info.streams))
+                      make_plan(cfg, training.config, data, training.info.streams,
+                                training.info.run_label(training.config)
+                                if training.info.run_label else None))
 
 
 def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -42,12 +43,14 @@ class RunPlan:
 NOT_THE_RUNS_DATA = ("on_change", "num_workers", "max_row_group_mb")
 
 
-def derive_run_name(trainer: dict, data: dict, seed: int) -> str:
+def derive_run_name(trainer: dict, data: dict, seed: int, label: str | None = None) -> str:
     """The same trainer, data and seed give the same name, so rerunning a command resumes it.
-    The cluster is left out on purpose: a run may resume at another world size."""
+    The cluster is left out on purpose: a run may resume at another world size. ``label``:
+    what the run trains on, where the data's name does not say it (a script's name)."""
     data = {k: v for k, v in data.items() if k not in NOT_THE_RUNS_DATA}
     key = json.dumps({"trainer": trainer, "data": data, "seed": seed}, sort_keys=True, default=str)
-    return f"{trainer.get('name', 'run')}-{data.get('name', 'data')}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+    middle = re.sub(r"[^A-Za-z0-9_.-]+", "_", label or "").strip("._") or data.get("name", "data")
+    return f"{trainer.get('name', 'run')}-{middle}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
 def storage_spec(cfg: Config) -> StorageSpec:
@@ -124,11 +127,13 @@ def data_position(store: CheckpointStore, refs: list[CheckpointRef]) -> dict | N
     return None
 
 
-def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False) -> RunPlan:
-    """``streams``: the training function reads streamed data (TrainingInfo.streams)."""
+def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False,
+              label: str | None = None) -> RunPlan:
+    """``streams``: the training function reads streamed data (TrainingInfo.streams);
+    ``label``: what a derived run name says it trains on (TrainingInfo.run_label)."""
     storage = storage_spec(cfg)
     bucket_missing = check_storage(storage)
-    name = cfg.run.name or derive_run_name(trainer, data, cfg.seed)
+    name = cfg.run.name or derive_run_name(trainer, data, cfg.seed, label)
     if cfg.run.name is None and cfg.resume == "never":
         name += time.strftime("-%Y%m%d-%H%M%S")  # a fresh start gets a fresh folder
     run_storage = storage.child(name)

@@ -71,8 +71,16 @@ def node_address() -> str:
     return ray.util.get_node_ip_address()
 
 
+def script_label(trainer: dict) -> str:
+    """What a derived run name says a script run trains on: its script's name (or module's)."""
+    command = parse_command(str(trainer["command"]))
+    if command.script:
+        return Path(command.script).stem
+    return command.argv[command.argv.index("-m") + 1] if "-m" in command.argv else "script"
+
+
 @training_function(config=ScriptConfig, check=check_script, step_unit="checkpoint",
-                   cluster=cluster_from_command)
+                   cluster=cluster_from_command, run_label=script_label)
 def main(ctx: WorkerContext, cfg: dict) -> dict | None:
     trainer = cfg["trainer"]
     first = None
