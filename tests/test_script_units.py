@@ -318,6 +318,19 @@ def test_a_failed_rank_is_one_line_from_torchs_error_file_else_its_stderr(tmp_pa
         {"message": {"message": "ValueError: bad shape\nTraceback...\nValueError: bad shape",
                      "extraInfo": {}}}))
     assert proc.failure(-9) == "rank 1's script killed by SIGKILL: ValueError: bad shape"
+    # killed after a library's warning: that is not why (it read 'super().__init__(loader)')
+    warned = ScriptProcess(["python", "-c", "import sys; print('Traceback (most recent call "
+                            "last):\\nRuntimeError: gloo lost its peer', file=sys.stderr); "
+                            "print('  super().__init__(loader)', file=sys.stderr); "
+                            "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                           dict(os.environ), tmp_path, 2, tmp_path / "none.json")
+    code = warned.wait()
+    assert warned.failure(code) == "rank 2's script killed by SIGKILL: RuntimeError: gloo lost its peer"
+    quiet = ScriptProcess(["python", "-c", "import sys; print('a warning', file=sys.stderr); "
+                           "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                          dict(os.environ), tmp_path, 3, tmp_path / "none.json")
+    code = quiet.wait()
+    assert quiet.failure(code) == "rank 3's script killed by SIGKILL"
 
 
 def test_a_sweeps_trial_shares_its_cpus_among_the_workers_torchruns_flags_ask_for(tmp_path):

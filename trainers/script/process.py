@@ -6,6 +6,7 @@ import collections
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,14 +92,23 @@ class ScriptProcess:
         self.wait(timeout=10)
 
     def failure(self, code: int) -> str:
-        """One line: torch's error file (the script's @record), else the exit code or
-        signal and the last line of stderr."""
+        """One line: torch's error file (the script's @record), else the exit code or signal
+        and the last error line of stderr (``ValueError: ...``). A script that exited on its
+        own may have said why in any words (``sys.exit("no data")``): its last line then; a
+        killed one's last line is whatever it printed before (a library's warning), not why."""
         recorded = error_file_message(self.error_file)
         how = f"killed by {signal_name(code)}" if code < 0 else f"exited with code {code}"
         if recorded:
             return f"rank {self.rank}'s script {how}: {recorded}"
-        tail = next((ln.strip() for ln in reversed(self.stderr_tail) if ln.strip()), "")
-        return f"rank {self.rank}'s script {how}" + (f": {tail}" if tail else "")
+        lines = [ln.strip() for ln in reversed(self.stderr_tail) if ln.strip()]
+        tail = next((ln for ln in lines if ERROR_LINE.match(ln)), "")
+        if not tail and code > 0 and lines:
+            tail = lines[0]
+        return f"rank {self.rank}'s script {how}" + (f": {tail[:300]}" if tail else "")
+
+
+# A Python exception's last line (``torch.distributed.DistBackendError: ...``, ``KeyboardInterrupt``)
+ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 
 
 def error_file_message(path: Path) -> str | None:
