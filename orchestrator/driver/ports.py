@@ -44,9 +44,3 @@ class PortHold:
                 self._sock.close()
                 self._sock = None
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel has just given out: for a server that binds it at once."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
