@@ -343,6 +343,8 @@ def test_tunes_restore_advice_is_not_shown_after_a_ctrl_c():
 
     assert tune_module.logger.name == TUNE_LOGGER
     kept, advice = Kept(), NoTunerRestoreAdvice()
+    level = tune_module.logger.level  # an earlier test's command may have quieted Ray's loggers
+    tune_module.logger.setLevel(logging.WARNING)
     tune_module.logger.addHandler(kept)
     tune_module.logger.addFilter(advice)
     try:
@@ -352,4 +354,5 @@ def test_tunes_restore_advice_is_not_shown_after_a_ctrl_c():
     finally:
         tune_module.logger.removeFilter(advice)
         tune_module.logger.removeHandler(kept)
+        tune_module.logger.setLevel(level)
     assert kept.messages == ["a trial failed"]
