@@ -326,12 +326,18 @@ def test_the_fork_server_steps_aside_for_whatever_else_decides_how_processes_sta
 
 def test_tunes_restore_advice_is_not_shown_after_a_ctrl_c():
     """Tune's 'Resume experiment with: Tuner.restore(...)' is not how a sweep goes on (the same
-    command runs the rest): the sweep's filter drops it from the logger Tune writes it to."""
+    command runs the rest): the sweep's filter drops it from the logger Tune writes it to.
+    (Tune's module is read, not imported: its import in pytest's process is not this test's.)"""
     import logging
+    from pathlib import Path
 
-    from ray.tune import tune as tune_module
+    import ray
 
     from orchestrator.sweep.runner import TUNE_LOGGER, NoTunerRestoreAdvice
+
+    source = (Path(ray.__file__).parent / "tune" / "tune.py").read_text()
+    assert TUNE_LOGGER == "ray.tune.tune" and "logging.getLogger(__name__)" in source
+    assert "Resume experiment with: {restore_entrypoint}" in source
 
     class Kept(logging.Handler):
         def __init__(self):
@@ -341,18 +347,18 @@ def test_tunes_restore_advice_is_not_shown_after_a_ctrl_c():
         def emit(self, record):
             self.messages.append(record.getMessage())
 
-    assert tune_module.logger.name == TUNE_LOGGER
+    logger = logging.getLogger(TUNE_LOGGER)
     kept, advice = Kept(), NoTunerRestoreAdvice()
-    level = tune_module.logger.level  # an earlier test's command may have quieted Ray's loggers
-    tune_module.logger.setLevel(logging.WARNING)
-    tune_module.logger.addHandler(kept)
-    tune_module.logger.addFilter(advice)
+    level = logger.level  # an earlier test's command may have quieted Ray's loggers
+    logger.setLevel(logging.WARNING)
+    logger.addHandler(kept)
+    logger.addFilter(advice)
     try:
-        tune_module.logger.warning("Experiment has been interrupted, but the most recent state "
-                                   "was saved.\nResume experiment with: Tuner.restore(path=x)")
-        tune_module.logger.warning("a trial failed")
+        logger.warning("Experiment has been interrupted, but the most recent state was saved."
+                       "\nResume experiment with: Tuner.restore(path=x)")
+        logger.warning("a trial failed")
     finally:
-        tune_module.logger.removeFilter(advice)
-        tune_module.logger.removeHandler(kept)
-        tune_module.logger.setLevel(level)
+        logger.removeFilter(advice)
+        logger.removeHandler(kept)
+        logger.setLevel(level)
     assert kept.messages == ["a trial failed"]
