@@ -25,7 +25,8 @@ from pathlib import Path
 
 from orchestrator.checkpoint.manifest_checks import CorruptCheckpoint
 
-CHUNK = 8 << 20  # bytes read and hashed at a time: memory stays flat for any file
+CHUNK = 8 << 20  # bytes read, hashed and written at a time: memory stays flat for any file
+
 _NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Filesystems that cannot fsync a folder (some FUSE and network ones) answer so: nothing to do.
 _NO_FOLDER_FSYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}

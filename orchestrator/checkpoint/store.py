@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 import pyarrow.fs as pafs
 
 from orchestrator.checkpoint import local_disk
+from orchestrator.checkpoint.local_disk import CHUNK
 from orchestrator.checkpoint.manifest_checks import (
     MANIFEST,
     MAX_RECORD_BYTES,
@@ -48,7 +49,6 @@ from orchestrator.storage.location import StorageSpec, join, refused_credentials
 log = logging.getLogger(__name__)
 
 PARTS = ".parts"
-CHUNK = 8 << 20  # bytes read, hashed and written at a time: memory stays flat for any file
 # Wait for the object store's pending part uploads every this many bytes: pyarrow's S3
 # stream otherwise buffers every part not yet sent, up to the whole file (a 580 MiB shard
 # added 1.0x its size to the rank's memory; with this, ~60 MiB, and the upload was faster).
