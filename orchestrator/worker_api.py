@@ -46,6 +46,7 @@ from orchestrator.checkpoint.committer import Committed, Committer
 from orchestrator.checkpoint.policy import CheckpointPolicy
 from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, WriteNeverCommits
+from orchestrator.data.fingerprint import META_KEY as FINGERPRINT_KEY
 from orchestrator.data.order import DataOrder, step_seed
 from orchestrator.errors import one_line
 from orchestrator.observe.step_reports import StepReports
@@ -334,6 +335,8 @@ class WorkerContext:
         meta = {"step": step, "world_size": self.world_size, "seed": self.seed}
         if self._batches is not None:
             meta["data"] = self._batches.position(step)
+        if self._spec.data_files is not None:  # a resume over other data is refused (run_plan)
+            meta[FINGERPRINT_KEY] = self._spec.data_files
         self._committer.snapshot(step, folder, meta, time.perf_counter() - started,
                                  pending if callable(getattr(pending, "result", None)) else None)
         self._policy.saved(time.monotonic())

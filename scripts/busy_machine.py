@@ -57,6 +57,11 @@ def other_ray(folder: Path) -> subprocess.Popen | None:
     return None
 
 
+def as_ctrl_c(signum, frame):
+    """A kill or a timeout stops the command and everything started here, as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--loops", type=int, default=os.cpu_count() or 2,
@@ -66,13 +71,20 @@ def main() -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("the command to run goes after --")
+    signal.signal(signal.SIGTERM, as_ctrl_c)
     folder = Path(tempfile.mkdtemp(prefix="busy-machine-"))
     ray = other_ray(folder)
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
              for _ in range(args.loops)]
     started = time.monotonic()
+    code = 130
     try:
-        code = subprocess.call(command, cwd=os.getcwd())
+        with subprocess.Popen(command, cwd=os.getcwd(), start_new_session=True) as proc:
+            try:
+                code = proc.wait()
+            except KeyboardInterrupt:
+                os.killpg(proc.pid, signal.SIGTERM)  # the command's whole process group
+                proc.wait()
     finally:
         wall = time.monotonic() - started
         load = os.getloadavg()

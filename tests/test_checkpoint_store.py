@@ -657,7 +657,7 @@ def test_a_file_named_manifest_json_is_refused_and_a_linked_one_is_copied(store,
 def test_cleaning_never_stops_a_run_and_the_driver_reads_past_a_corrupt_manifest(
         store, tmp_path, monkeypatch):
     from orchestrator.checkpoint.cleanup import remove_stale
-    from orchestrator.driver.run_plan import data_position
+    from orchestrator.driver.run_plan import newest_meta
 
     store.save(100, {"m": b"1"}, {"data": {"next_step": 100}})
     store.save(200, {"m": b"2"}, {"data": {"next_step": 200}})
@@ -671,7 +671,7 @@ def test_cleaning_never_stops_a_run_and_the_driver_reads_past_a_corrupt_manifest
     assert remove_stale(store) == []  # a warning, not a raise (the run had succeeded)
     monkeypatch.setattr(store, "fs", real)
     (tmp_path / "run" / step_dir(200) / MANIFEST).write_text('{"files": {"../x": {}}}')
-    assert data_position(store, store.committed()) == {"next_step": 100}
+    assert newest_meta(store, store.committed())[1]["data"] == {"next_step": 100}
 
 
 @pytest.mark.parametrize("endpoint", ["s3://127.0.0.1:8333", "HTTP://host:8333", "ftp://host"])
@@ -818,11 +818,13 @@ def test_a_manifest_too_large_or_too_deep_to_read_is_corrupt(any_store, tmp_path
 def test_the_driver_reads_past_a_malformed_data_position(store):
     """The run plan takes the data position of the newest checkpoint the workers would take:
     a malformed one reached the data's plan (a KeyError there, or a wrong order)."""
-    from orchestrator.driver.run_plan import data_position
+    from orchestrator.driver.run_plan import newest_meta
 
-    store.save(100, {"m": b"1"}, {"data": {"next_step": 100}})
+    store.save(100, {"m": b"1"}, {"data": {"next_step": 100}, "data_files": {"a": "0" * 64}})
     store.save(200, {"m": b"2"}, {"data": {"streamed": True, "next_step": 200}})
-    assert data_position(store, store.committed()) == {"next_step": 100}
+    store.save(300, {"m": b"3"}, {"data_files": {"a": "not a digest"}})
+    step, meta = newest_meta(store, store.committed())
+    assert (step, meta["data"], meta["data_files"]) == (100, {"next_step": 100}, {"a": "0" * 64})
 
 
 @pytest.mark.parametrize("record, why", [

@@ -20,7 +20,7 @@ BATCH, STEPS, SHARDS = 32, 120, 4
 
 
 def job(data, log_dir, storage, workers, cpus) -> list[str]:
-    log_dir.mkdir()
+    log_dir.mkdir(exist_ok=True)
     return ["trainer=ddp", "data=parquet", f"data.path={data}", "data.stream=true",
             f"data.shards={SHARDS}", "trainer.model._target_=mypkg.ids.LoggingTabular",
             "~trainer.model.hidden", f"+trainer.model.log_dir={log_dir}",
@@ -92,6 +92,76 @@ def test_streamed_rows_are_the_same_at_any_size_and_a_killed_rank_resumes_bit_fo
     again = run_cli(tmp_path / "again", *head, "run.name=straight",
                     *job(data, tmp_path / "ids-again", storage, 2, 0.5), cwd=project)
     assert again.returncode == 2, again.output[-3000:]
-    assert f"error: data.path='{data}' changed since the checkpoint this run resumes from " \
-           f"(1 file added ({extra}))" in again.stderr
+    assert f"error: data.path='{data}' changed since run straight's checkpoint at step " \
+           f"{STEPS} (1 file added ({extra}))" in again.stderr
     assert sorted(p.name for p in (storage / "straight").iterdir()) == before
+    # The data as it was: the finished run's command trains nothing, says so, starts no worker.
+    extra.unlink()
+    done = run_cli(tmp_path / "done", *head, "run.name=straight",
+                   *job(data, tmp_path / "ids-straight", storage, 2, 0.5), cwd=project)
+    assert done.returncode == 0, done.output[-3000:]
+    assert f"run straight finished at step {STEPS} on " in done.output
+    assert "asking Ray for" not in done.output and done.record["status"] == "already_finished"
+
+
+def test_held_parquet_whose_labels_changed_is_refused_restart_trains_again_and_done_is_done(
+        ray_head, tmp_path):
+    """Parquet held in memory (data.stream=false): every label rewritten after the run, the
+    same number of rows and bytes, is refused naming the file (a checkpoint keeps the data's
+    content digests); data.on_change=restart trains again from step 0 over the data as it is;
+    then the same command says the run finished and starts no worker; a named run's finished
+    command with another learning rate is refused naming the key."""
+    import pyarrow.parquet as pq
+
+    project, storage = user_project(tmp_path), tmp_path / "ckpt"
+    data = digits_parquet(tmp_path / "data")
+    common = [f"cluster.address={ray_head.address}", "data=parquet", f"data.path={data}",
+              "data.stream=false", "checkpoint.every_steps=10", f"storage.uri={storage}",
+              "cluster.cpus_per_worker=0.5"]
+    named = [*common, "run.name=named"]
+    common.append("trainer.max_steps=20")
+    first = run_cli(tmp_path / "first", *common, cwd=project)
+    assert first.returncode == 0, first.output[-3000:]
+    name = first.record["run_name"]
+
+    table = pq.read_table(data / "digits-3.parquet")
+    flipped = table.set_column(table.schema.get_field_index("label"), "label",
+                               pa_labels(9 - table["label"].to_numpy()))
+    pq.write_table(flipped, data / "digits-3.parquet", row_group_size=100)
+    listing = sorted(p.name for p in (storage / name).iterdir())
+    refused = run_cli(tmp_path / "refused", *common, cwd=project)
+    assert refused.returncode == 2, refused.output[-3000:]
+    assert f"error: data.path='{data}' changed since run {name}'s checkpoint at step 20 " \
+           f"(1 file rewritten ({data / 'digits-3.parquet'})): training on would mix two " \
+           "versions of the data" in refused.stderr
+    assert "data.on_change=restart" in refused.stderr and "asking Ray for" not in refused.output
+    assert sorted(p.name for p in (storage / name).iterdir()) == listing  # nothing touched
+
+    again = run_cli(tmp_path / "restart", *common, "data.on_change=restart", cwd=project)
+    assert again.returncode == 0, again.output[-3000:]
+    assert again.record["resumed_from_step"] is None and again.record["steps"] == 20
+    assert again.record["world_sizes"][0]["step"] == 0
+    assert again.record["metrics"] != first.record["metrics"]  # trained on the flipped labels
+
+    done = run_cli(tmp_path / "done", *common, cwd=project)
+    assert done.returncode == 0, done.output[-3000:]
+    assert f"run {name} finished at step 20 on " in done.output
+    assert "; nothing to train" in done.output and "asking Ray for" not in done.output
+    assert done.record["status"] == "already_finished"
+    assert done.record["metrics"] == again.record["metrics"]
+
+    assert run_cli(tmp_path / "named", *named, "trainer.max_steps=10", cwd=project).returncode == 0
+    other = run_cli(tmp_path / "other", *named, "trainer.max_steps=10", "trainer.lr=0.05",
+                    cwd=project)
+    assert other.returncode == 2, other.output[-3000:]
+    assert "error: run.name='named' finished at step 10 on " in other.stderr
+    assert "with other settings: trainer.lr (0.1 then, 0.05 now)" in other.stderr
+    longer = run_cli(tmp_path / "longer", *named, "trainer.max_steps=15", cwd=project)
+    assert longer.returncode == 0, longer.output[-3000:]
+    assert longer.record["resumed_from_step"] == 10 and longer.record["steps"] == 15
+
+
+def pa_labels(values):
+    import pyarrow as pa
+
+    return pa.array(values)

@@ -143,11 +143,13 @@ def test_boosting_resumes_from_s3_at_its_round_and_matches_one_uninterrupted_run
     assert abs(accuracy - single_process_accuracy(trainer, 50)) <= 0.01
     results = [first, resumed, straight]
     if trainer == "xgboost":
-        # A completed run's command again: it reads the final checkpoint back, trains nothing.
+        # A completed run's command again: one line, no worker, the finished run's metrics.
         again = run_cli(tmp_path / "c", *common, "run.name=straight", "trainer.num_boost_round=50",
                         env=env)
         assert again.returncode == 0, again.output[-4000:]
-        assert again.record["resumed_from_step"] == 50 and again.record["metrics"] == \
+        assert "run straight finished at step 50 on " in again.output
+        assert "asking Ray for" not in again.output
+        assert again.record["status"] == "already_finished" and again.record["metrics"] == \
             straight.record["metrics"]
         results.append(again)
     assert_no_secret(s3_server, results)

@@ -13,6 +13,8 @@ import json
 import re
 
 from orchestrator.checkpoint.names import check_names
+from orchestrator.data.fingerprint import META_KEY as FINGERPRINT_KEY
+from orchestrator.data.fingerprint import fingerprint_problem
 from orchestrator.errors import one_line
 
 MANIFEST = "manifest.json"
@@ -115,6 +117,10 @@ def check_manifest(manifest: dict, where: str) -> dict[str, dict]:
         problem = position_problem(meta["data"])
         if problem is not None:
             raise CorruptCheckpoint(f"{where}: its data position (meta.data) {problem}")
+    if meta.get(FINGERPRINT_KEY) is not None:
+        problem = fingerprint_problem(meta[FINGERPRINT_KEY])
+        if problem is not None:
+            raise CorruptCheckpoint(f"{where}: its data's digests (meta.{FINGERPRINT_KEY}) {problem}")
     return files
 
 

@@ -253,6 +253,38 @@ class CheckpointStore:
                                         f"{MAX_RECORD_BYTES} it may")
             return f.read(size)
 
+    def read_run_record(self, name: str) -> dict | None:
+        """A record the driver keeps beside the run's checkpoints (finished.json), or None
+        where there is none or it does not parse (a crafted or torn one is not acted on)."""
+        where = f"{self.spec.uri}/{name}"
+        try:
+            if self.is_local:
+                data = local_disk.read_plain(self.root, name, where, MAX_RECORD_BYTES)
+            else:
+                with self.fs.open_input_file(join(self.root, name)) as f:
+                    if f.size() > MAX_RECORD_BYTES:
+                        return None
+                    data = f.read()
+            record = parse_record(data, where)
+        except (FileNotFoundError, CorruptCheckpoint):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def write_run_record(self, name: str, record: dict) -> None:
+        self._write_atomically(join(self.root, name), json.dumps(record, sort_keys=True).encode())
+
+    def discard_run_record(self, name: str) -> None:
+        try:
+            self.fs.delete_file(join(self.root, name))
+        except FileNotFoundError:
+            pass
+
+    def discard(self, ref: CheckpointRef) -> None:
+        """Delete a committed checkpoint: the manifest first, so a half-deleted folder is
+        never seen as committed."""
+        self.fs.delete_file(join(ref.path, MANIFEST))
+        self.fs.delete_dir(ref.path)
+
     def fetch(self, ref: CheckpointRef, cache: Path) -> Path:
         """A local directory ``cache/step_<n>`` holding the checkpoint's files (every rank's)
         and its manifest, nothing else, each file's size and SHA-256 checked against the
@@ -586,9 +618,7 @@ class CheckpointStore:
         refs = sorted(self.committed(), key=self.commit_order)
         doomed = [r for r in refs[:-keep] if r.step not in protect]
         for ref in doomed:
-            # The manifest goes first, so a half-deleted folder is never seen as committed.
-            self.fs.delete_file(join(ref.path, MANIFEST))
-            self.fs.delete_dir(ref.path)
+            self.discard(ref)
         return [r.step for r in doomed]
 
     def commit_order(self, ref: CheckpointRef) -> tuple[int, int]:

@@ -153,7 +153,7 @@ class DataConfig:
     shards: int | None = None  # streamed: virtual shards (null: cluster.workers); kept on resume
     window: int = 1  # streamed: row groups a shard shuffles together
     max_row_group_mb: float = 512.0  # streamed: a larger row group (decoded) is refused
-    on_change: str = "refuse"  # resuming over data that changed since: refuse | continue
+    on_change: str = "refuse"  # resuming over data that changed since: refuse | restart | continue
 
     def __post_init__(self) -> None:
         require(self.name in DATA_NAMES, "data", self.name, "one of " + ", ".join(DATA_NAMES))
@@ -173,8 +173,8 @@ class DataConfig:
         require(self.window >= 1, "data.window", self.window, "an integer >= 1")
         require(self.max_row_group_mb > 0, "data.max_row_group_mb", self.max_row_group_mb,
                 "a number > 0")
-        require(self.on_change in ("refuse", "continue"), "data.on_change", self.on_change,
-                "refuse or continue")
+        require(self.on_change in ("refuse", "restart", "continue"), "data.on_change",
+                self.on_change, "refuse, restart or continue")
         if self.eval_path is not None:
             require(self.name == "parquet", "data.eval_path", self.eval_path,
                     "null unless data=parquet")

@@ -138,10 +138,12 @@ def stream_wanted(cfg: DataConfig, manifest: Manifest) -> bool:
 
 def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str | None,
                 workers: int, global_batch: int | None, task: str,
-                resumed: dict | None) -> StreamPlan | None:
+                resumed: dict | None, content_changed: bool | None = None) -> StreamPlan | None:
     """None where the run keeps its data in memory. ``trainer``: its name where its training
     function does not stream (None where it does). ``resumed``: the data position of the
-    checkpoint the run resumes from."""
+    checkpoint the run resumes from. ``content_changed``: whether the data's content differs
+    from the checkpoint's (orchestrator/data/fingerprint.py: the run plan refused or allowed
+    it), None where that is not known: then the files' sizes and times judge."""
     if cfg.name != "parquet" or cfg.stream == "false":
         return None
     if trainer is not None:  # decided before any footer is read
@@ -155,7 +157,9 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
     manifest = read_manifest(fs, path, cfg.label, "data.path", cfg.max_row_group_mb, cfg.columns)
     before = resumed if resumed and resumed.get("streamed") else None
     change = what_changed(before["manifest"], manifest) if before else None
-    if change:
+    if content_changed is not None:
+        change = "its content" if content_changed and before else None
+    elif change:
         if cfg.on_change == "refuse":
             raise ConfigError(
                 f"data.path={cfg.path!r} changed since the checkpoint this run resumes from "

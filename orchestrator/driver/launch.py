@@ -28,10 +28,16 @@ from orchestrator.driver.placement_watch import PlacementWatch
 from orchestrator.driver.ray_session import RaySession, user_pythonpath
 from orchestrator.driver.record import RunRecord, redact
 from orchestrator.driver.recorder import start_recorder
-from orchestrator.driver.run_plan import RunPlan, complete_data, make_plan
+from orchestrator.driver.run_plan import (
+    FINISHED,
+    RunPlan,
+    complete_data,
+    finished_record,
+    make_plan,
+)
 from orchestrator.driver.scaling import scaling_kwargs, unplaceable_here
 from orchestrator.driver.session_start import served_folder, session_env, session_for
-from orchestrator.errors import ConfigError, print_error
+from orchestrator.errors import ConfigError, one_line, print_error
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
 from orchestrator.ray_internals.head_start import dashboard_may_start
@@ -97,6 +103,8 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     except ConfigError as exc:
         return input_error(exc)
     cfg, record_path = run.cfg, output_dir / "run.json"
+    if run.plan.finished is not None:
+        return said_finished(run, record_path, started_at)
     winding_down = DeferredInterrupt()  # armed once fit() returns (orchestrator/driver/interrupts.py)
     storage_checked = False
     try:
@@ -124,10 +132,41 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     finally:
         winding_down.disarm()
     summarize(final, record_path)
+    if final["status"] == "succeeded":
+        keep_finished(run, final)
     if (winding_down.seen or session.interrupted) and code == 0:
         log.warning("interrupted while shutting down, after the run %s", final["status"])
         code = 130
     return code
+
+
+def said_finished(run: CheckedRun, record_path: Path, started_at: float) -> int:
+    """A finished run's command again, asking for nothing more: one line, no worker, and a
+    run.json that says so (a sweep's trial reports the finished run's metrics from it)."""
+    done = run.plan.finished
+    metrics = " ".join(f"{k}={metric_text(v, '.4f')}" for k, v in (done.get("metrics") or {}).items()
+                       if isinstance(v, int | float) or v is None)
+    log.info("run %s finished at step %s on %s: %s; nothing to train (more trainer.epochs or "
+             "max_steps go on from there; another run.name starts again)", run.plan.run_name,
+             done.get("step"), done.get("finished_at", "?"), metrics or "no metrics")
+    record = RunRecord(run.plan.run_name, done.get("trainer") or run.training.path, {},
+                       run.plan.run_storage.uri, status="already_finished",
+                       resumed_from_step=done.get("step"), steps=done.get("step") or 0,
+                       total_steps=done.get("total_steps"), metrics=done.get("metrics") or {},
+                       train_metrics=done.get("train_metrics") or {}, started_at=started_at)
+    record.finish("already_finished", None, time.time())
+    record.write(str(record_path))
+    return 0
+
+
+def keep_finished(run: CheckedRun, final: dict) -> None:
+    """finished.json beside the checkpoints: the same command again trains nothing."""
+    try:
+        record = finished_record(run.plan, run.cfg, run.training.config, run.data, final)
+        CheckpointStore(run.plan.run_storage).write_run_record(FINISHED, record)
+    except OSError as exc:  # the run succeeded all the same; a rerun resumes at its end
+        log.warning("could not record that run %s finished (%s): the same command would "
+                    "resume at its last checkpoint", run.plan.run_name, one_line(exc)[:200])
 
 
 def refuse_what_never_fits(cfg: Config, session: RaySession) -> None:
@@ -235,7 +274,7 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
                       max_restarts=cfg.failure.max_restarts,
                       # A sweep's trials keep no process for a restart (orchestrator/worker/spare.py).
                       spare_after_s=cfg.failure.spare_after_s if spares else None,
-                      code_dir=served_folder() or command_folder())
+                      code_dir=served_folder() or command_folder(), data_files=plan.data_files)
     run_config = RunConfig(
         name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
         storage_path=str(output_dir / "ray_train"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -21,11 +22,17 @@ from orchestrator.checkpoint.store import (
 from orchestrator.config.once import decided_once
 from orchestrator.config.schema import Config, DataConfig
 from orchestrator.data.datasets import DataFacts, check_parquet, data_facts, eval_config
+from orchestrator.data.fingerprint import META_KEY as FINGERPRINT_KEY
+from orchestrator.data.fingerprint import data_fingerprint, what_changed
+from orchestrator.data.manifest import list_files
 from orchestrator.data.nonfinite import check_finite
 from orchestrator.data.streaming import StreamPlan, plan_stream
 from orchestrator.errors import ConfigError, one_line
+from orchestrator.redaction import redact
 from orchestrator.storage.check import check_storage, create_bucket
 from orchestrator.storage.location import Credentials, StorageSpec, absolute
+
+log = logging.getLogger("orchestrator")
 
 
 @dataclass(frozen=True)
@@ -36,19 +43,35 @@ class RunPlan:
     resume_step: int | None  # the step the run will start from, if not 0
     created_bucket: bool = False  # made by make_plan: removed again if a later check refuses
     stream: StreamPlan | None = None  # streamed parquet (orchestrator/data/streaming.py)
+    data_files: dict | None = None  # {file: SHA-256} of the data (orchestrator/data/fingerprint.py)
+    finished: dict | None = None  # finished.json of a finished run asked for nothing more
 
 
 # data keys that say how to go on, not what the batches are: rerunning with one of them
 # changed (data.on_change=continue, as a refusal advises) resumes the same run.
 NOT_THE_RUNS_DATA = ("on_change", "num_workers", "max_row_group_mb")
+# trainer keys that say how long to train, not what: growing one continues the same run.
+LENGTH_KEYS = ("epochs", "max_steps", "num_boost_round", "steps", "num_epochs", "max_epochs",
+               "total_steps")
+FINISHED = "finished.json"  # beside a run's checkpoints, written when the run succeeded
+
+
+def run_identity(trainer: dict, data: dict, seed: int) -> dict:
+    """What makes a run this run: its trainer but for how long it trains, its data but for
+    how it is read, its seed. The cluster is left out: a run may resume at another size."""
+    return {"trainer": {k: v for k, v in trainer.items() if k not in LENGTH_KEYS},
+            "data": {k: v for k, v in data.items() if k not in NOT_THE_RUNS_DATA}, "seed": seed}
+
+
+def run_length(trainer: dict) -> dict:
+    return {k: trainer[k] for k in LENGTH_KEYS if k in trainer}
 
 
 def derive_run_name(trainer: dict, data: dict, seed: int, label: str | None = None) -> str:
-    """The same trainer, data and seed give the same name, so rerunning a command resumes it.
-    The cluster is left out on purpose: a run may resume at another world size. ``label``:
-    what the run trains on, where the data's name does not say it (a script's name)."""
-    data = {k: v for k, v in data.items() if k not in NOT_THE_RUNS_DATA}
-    key = json.dumps({"trainer": trainer, "data": data, "seed": seed}, sort_keys=True, default=str)
+    """The same trainer, data and seed give the same name, so rerunning a command resumes it
+    (run_identity: a longer run of it too). ``label``: what the run trains on, where the
+    data's name does not say it (a script's name)."""
+    key = json.dumps(run_identity(trainer, data, seed), sort_keys=True, default=str)
     middle = re.sub(r"[^A-Za-z0-9_.-]+", "_", label or "").strip("._") or data.get("name", "data")
     return f"{trainer.get('name', 'run')}-{middle}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
@@ -115,16 +138,45 @@ def committed_checkpoints(store: CheckpointStore) -> list[CheckpointRef]:
                           f"listed ({one_line(exc)[:200]})") from None
 
 
-def data_position(store: CheckpointStore, refs: list[CheckpointRef]) -> dict | None:
-    """The data position of the newest checkpoint whose manifest reads (a corrupt one is
-    skipped, as the workers skip it: newest_intact), or None."""
+def newest_meta(store: CheckpointStore, refs: list[CheckpointRef]) -> tuple[int, dict] | None:
+    """(step, meta) of the newest checkpoint whose manifest reads (a corrupt one is skipped,
+    as the workers skip it: newest_intact), or None."""
     for ref in reversed(refs):
         try:
             meta = store.read_manifest(ref).get("meta", {})
         except (CorruptCheckpoint, OSError, ValueError, AttributeError):
             continue
-        return meta.get("data") if isinstance(meta, dict) else None
+        return ref.step, meta if isinstance(meta, dict) else {}
     return None
+
+
+def current_data_files(data: DataConfig, storage: StorageSpec) -> dict[str, str] | None:
+    """{file: SHA-256} of the data the run reads from files (orchestrator/data/fingerprint.py),
+    None for data that is not read from files."""
+    if data.name != "parquet":
+        return None
+    files: dict[str, str] = {}
+    for key, path in (("data.path", data.path), ("data.eval_path", data.eval_path)):
+        if path:
+            spec = storage.sibling(path, key)
+            fs, inside = spec.filesystem()
+            files.update(data_fingerprint(spec, list_files(fs, inside, key), key))
+    return files
+
+
+def data_change(data: DataConfig, name: str, step: int, before: dict, now: dict) -> bool:
+    """Whether the run starts again (data.on_change=restart) over data that changed since its
+    checkpoint at ``step``; refused (the default) with one line."""
+    change = what_changed(before, now)
+    if change is None:
+        return False
+    if data.on_change == "refuse":
+        raise ConfigError(
+            f"data.path={data.path!r} changed since run {name}'s checkpoint at step {step} "
+            f"({change}): training on would mix two versions of the data; start a new run "
+            f"(run.name=<another name>), or set data.on_change=restart (train again from step "
+            f"0 over the data as it is now) or data.on_change=continue (go on from step {step})")
+    return data.on_change == "restart"
 
 
 def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False,
@@ -162,12 +214,101 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False,
         step = step if latest else found[1].step
         resumed = resumed or (found[0], [found[1]])
 
+    data_files = current_data_files(cfg.data, storage)  # checked by complete_data, which ran first
+    newest = newest_meta(*resumed) if resumed else None
+    finished = None if bucket_missing or cfg.resume != "auto" else \
+        CheckpointStore(run_storage).read_run_record(FINISHED)
+    if finished is not None and finished.get("checkpoint_step") != (latest.step if latest else None):
+        finished = None  # trained on since it finished (a longer run, interrupted)
+    before = (newest[1] if newest else finished or {}).get(FINGERPRINT_KEY)
+    restart, content_changed = False, None
+    if data_files is not None and isinstance(before, dict):
+        content_changed = what_changed(before, data_files) is not None
+        restart = data_change(cfg.data, name, newest[0] if newest else finished.get("step", 0),
+                              before, data_files)
+    if restart:  # from step 0: the checkpoints are removed below, once every check passed
+        source, step, resumed, newest, finished = None, None, None, None, None
+    if finished is not None and nothing_to_train(cfg, finished, trainer, data, name):
+        return RunPlan(name, run_storage, None, finished.get("step"), finished=finished)
+
     stream = None
-    if cfg.data.name == "parquet":  # checked by complete_data, which ran first
-        position = data_position(*resumed) if resumed else None
+    if cfg.data.name == "parquet":
+        position = newest[1].get("data") if newest else None
         stream = plan_stream(cfg.data, storage, cfg.seed, None if streams else trainer.get("name"),
                              cfg.cluster.workers, trainer.get("batch_size"),
-                             cfg.data.task or "classification", position)
+                             cfg.data.task or "classification", position,
+                             content_changed)
     if bucket_missing:  # every check passed: only now is anything written
         create_bucket(storage)
-    return RunPlan(name, run_storage, source, step, created_bucket=bucket_missing, stream=stream)
+    if restart:
+        restart_run(CheckpointStore(run_storage), committed)
+    return RunPlan(name, run_storage, source, step, created_bucket=bucket_missing, stream=stream,
+                   data_files=data_files)
+
+
+def restart_run(store: CheckpointStore, committed: list[CheckpointRef]) -> None:
+    """data.on_change=restart: the run's checkpoints over the data before are removed (a
+    worker would resume from them), and its finished record."""
+    for ref in reversed(committed):
+        store.discard(ref)
+    store.discard_run_record(FINISHED)
+    log.warning("data.on_change=restart: removed run %s's %d checkpoints over the data before; "
+                "training starts at step 0", store.spec.uri, len(committed))
+
+
+def nothing_to_train(cfg: Config, finished: dict, trainer: dict, data: dict, name: str) -> bool:
+    """A rerun of a finished run: True where it asks for nothing more (the command says so and
+    starts no worker); False where it asks for more steps (it goes on). Other settings than
+    the finished run's are refused: a run is one model trained one way."""
+    when = finished.get("finished_at", "?")
+    step = finished.get("step")
+    now = json.loads(json.dumps(redact(run_identity(trainer, data, cfg.seed)), default=str))
+    then, now = flat(finished.get("identity") or {}), flat(now)
+    differ = sorted(k for k in set(then) | set(now) if then.get(k, MISSING) != now.get(k, MISSING))
+    if differ:
+        shown = ", ".join(f"{k} ({then.get(k, 'unset')} then, {now.get(k, 'unset')} now)"
+                          for k in differ[:3])
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        raise ConfigError(
+            f"run.name={name!r} finished at step {step} on {when} with other settings: "
+            f"{shown}{more}; a finished run is not trained on with other settings: give this "
+            "one another run.name (or leave run.name out: a derived name follows the settings)")
+    then_length, now_length = finished.get("length") or {}, run_length(trainer)
+    return not any(longer(then_length.get(k), v) for k, v in now_length.items())
+
+
+MISSING = object()
+
+
+def longer(then, now) -> bool:
+    """Whether a length key asks for more than it did (null: no bound)."""
+    if then == now:
+        return False
+    if now is None:
+        return True
+    return then is not None and isinstance(now, int | float) and isinstance(then, int | float) \
+        and now > then
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    """{"trainer.lr": 0.1, ...}: nested keys joined by dots, as the command line names them."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def finished_record(plan: RunPlan, cfg: Config, trainer: dict, data: dict, final: dict) -> dict:
+    """What finished.json keeps of a run that succeeded: its end, and what it was."""
+    store = CheckpointStore(plan.run_storage)
+    latest = store.latest()
+    return {"run_name": plan.run_name, "step": final.get("steps"),
+            "finished_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "checkpoint_step": latest.step if latest else None,
+            "metrics": final.get("metrics") or {}, "train_metrics": final.get("train_metrics") or {},
+            "total_steps": final.get("total_steps"), "wall_s": final.get("wall_s"),
+            "trainer": final.get("trainer"), "identity": redact(run_identity(trainer, data, cfg.seed)),
+            "length": run_length(trainer), FINGERPRINT_KEY: plan.data_files}

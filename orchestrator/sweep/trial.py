@@ -100,7 +100,9 @@ def run_trial(params: dict, ctx: TrialContext) -> None:
     record = read_record(out_dir / "run.json") or {}
     if "exception" in outcome:
         raise TrialFailed(f"trial {trial_id}: {outcome['exception']}") from outcome["exception"]
-    if outcome.get("code") != 0 or record.get("status") != "succeeded":
+    # already_finished: the trial's run had finished (a sweep resumed after its end was
+    # recorded by the run, not yet by Tune): its metrics are the trial's.
+    if outcome.get("code") != 0 or record.get("status") not in ("succeeded", "already_finished"):
         raise TrialFailed(f"trial {trial_id} failed (exit code {outcome.get('code')}): "
                           f"{record.get('error') or 'see ' + str(out_dir)}")
     final = progress.final(record)

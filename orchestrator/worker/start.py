@@ -48,6 +48,7 @@ class WorkerSpec:
     # The command's folder: its workers on its node start there (Ray starts them in its own;
     # a service's job's processes in the folder of its first command)
     code_dir: str | None = None
+    data_files: dict | None = None  # {file: SHA-256} of the data: every checkpoint keeps it
 
     def __repr__(self) -> str:
         # Ray Train stringifies the train loop config (this spec) into the run state that the
