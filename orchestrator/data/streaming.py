@@ -156,15 +156,7 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
     fs, path = data.filesystem()
     manifest = read_manifest(fs, path, cfg.label, "data.path", cfg.max_row_group_mb, cfg.columns)
     before = resumed if resumed and resumed.get("streamed") else None
-    change = what_changed(before["manifest"], manifest) if before else None
-    if content_changed is not None:
-        change = "its content" if content_changed and before else None
-    elif change:
-        if cfg.on_change == "refuse":
-            raise ConfigError(
-                f"data.path={cfg.path!r} changed since the checkpoint this run resumes from "
-                f"({change}): its order and split would differ; set data.on_change=continue to "
-                "go on with the data as it is now, or start a new run (run.name)")
+    change = judged_change(cfg, before, manifest, content_changed)
     # data.stream=auto resumes as the checkpoint read its data (streamed or held), whatever the
     # data's size is now: the two orders differ.
     wanted = (before is not None if resumed and cfg.stream == "auto" and not change
@@ -199,6 +191,21 @@ def plan_stream(cfg: DataConfig, storage: StorageSpec, seed: int, trainer: str |
                               "trained there has no class for them")
     return StreamPlan(manifest, eval_manifest, decoding, shards, cfg.window, data, eval_data, seed,
                       cfg.test_fraction, bounds)
+
+
+def judged_change(cfg: DataConfig, before: dict | None, manifest: Manifest,
+                  content_changed: bool | None) -> str | None:
+    """How the data differs from a streamed checkpoint's, or None: by content where the run
+    plan compared it, else by the files' sizes and times (a checkpoint without digests)."""
+    if content_changed is not None:
+        return "its content" if content_changed and before else None
+    change = what_changed(before["manifest"], manifest) if before else None
+    if change and cfg.on_change == "refuse":
+        raise ConfigError(
+            f"data.path={cfg.path!r} changed since the checkpoint this run resumes from "
+            f"({change}): its order and split would differ; set data.on_change=continue to "
+            "go on with the data as it is now, or start a new run (run.name)")
+    return change
 
 
 def check_shards(cfg: DataConfig, shards: int, workers: int, groups: int,

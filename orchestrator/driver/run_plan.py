@@ -201,16 +201,7 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False,
     source, step = None, (latest.step if latest else None)
     resumed = (CheckpointStore(run_storage), committed) if latest else None
     if cfg.resume not in ("auto", "never"):
-        source = storage.sibling(cfg.resume, "resume")
-        try:
-            found = open_source(source)
-        except OSError as exc:
-            raise ConfigError(f"resume={cfg.resume!r}: cannot read it ({one_line(exc)[:200]})") from None
-        if found is None:
-            raise ConfigError(
-                f"resume={cfg.resume!r}: no committed checkpoint there (expected a step_* "
-                "folder with a manifest.json, or a run folder holding some)"
-            )
+        source, found = given_source(cfg, storage)
         step = step if latest else found[1].step
         resumed = resumed or (found[0], [found[1]])
 
@@ -220,12 +211,7 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False,
         CheckpointStore(run_storage).read_run_record(FINISHED)
     if finished is not None and finished.get("checkpoint_step") != (latest.step if latest else None):
         finished = None  # trained on since it finished (a longer run, interrupted)
-    before = (newest[1] if newest else finished or {}).get(FINGERPRINT_KEY)
-    restart, content_changed = False, None
-    if data_files is not None and isinstance(before, dict):
-        content_changed = what_changed(before, data_files) is not None
-        restart = data_change(cfg.data, name, newest[0] if newest else finished.get("step", 0),
-                              before, data_files)
+    restart, content_changed = judge_data(cfg.data, name, data_files, newest, finished)
     if restart:  # from step 0: the checkpoints are removed below, once every check passed
         source, step, resumed, newest, finished = None, None, None, None, None
     if finished is not None and nothing_to_train(cfg, finished, trainer, data, name):
@@ -244,6 +230,32 @@ def make_plan(cfg: Config, trainer: dict, data: dict, streams: bool = False,
         restart_run(CheckpointStore(run_storage), committed)
     return RunPlan(name, run_storage, source, step, created_bucket=bucket_missing, stream=stream,
                    data_files=data_files)
+
+
+def given_source(cfg: Config, storage: StorageSpec) -> tuple[StorageSpec, tuple]:
+    """resume=<uri>: where it is, and (its store, its checkpoint)."""
+    source = storage.sibling(cfg.resume, "resume")
+    try:
+        found = open_source(source)
+    except OSError as exc:
+        raise ConfigError(f"resume={cfg.resume!r}: cannot read it ({one_line(exc)[:200]})") from None
+    if found is None:
+        raise ConfigError(
+            f"resume={cfg.resume!r}: no committed checkpoint there (expected a step_* "
+            "folder with a manifest.json, or a run folder holding some)"
+        )
+    return source, found
+
+
+def judge_data(data: DataConfig, name: str, now: dict | None, newest: tuple[int, dict] | None,
+               finished: dict | None) -> tuple[bool, bool | None]:
+    """(whether the run starts again over changed data, whether its content changed: None
+    where the run's checkpoints keep no digests to compare)."""
+    before = (newest[1] if newest else finished or {}).get(FINGERPRINT_KEY)
+    if now is None or not isinstance(before, dict):
+        return False, None
+    step = newest[0] if newest else (finished or {}).get("step", 0)
+    return data_change(data, name, step, before, now), what_changed(before, now) is not None
 
 
 def restart_run(store: CheckpointStore, committed: list[CheckpointRef]) -> None:
