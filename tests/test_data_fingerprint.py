@@ -60,3 +60,37 @@ def test_how_long_a_run_trains_is_not_what_it_is():
     (None, None, False)])
 def test_a_length_key_asks_for_more(then, now, more):
     assert longer(then, now) is more
+
+
+def test_json_lines_and_tsv_become_parquet_once_with_one_schema(tmp_path, monkeypatch):
+    """A JSON lines file whose first rows hold whole numbers and later ones fractions, and a
+    TSV beside it: one parquet copy each, integer features read as floats; the same files
+    again take the copy made before; mixed formats in one path are one line."""
+    import pyarrow.parquet as pq
+
+    from orchestrator.data.text_data import DONE, converted
+    from orchestrator.errors import ConfigError
+
+    monkeypatch.setenv("ORCHESTRATOR_PRIVATE_DIR", str(tmp_path / "private"))
+    storage = StorageSpec(str(tmp_path / "ckpt"))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_text('{"x": 1, "label": 0}\n{"x": 2, "label": 1}\n')
+    (data / "b.jsonl").write_text('{"x": 2.5, "label": 1}\n')
+    copy = converted(StorageSpec(str(data)), storage, "label", "data.path")
+    assert copy.startswith(str(tmp_path / "ckpt" / "_data" / "data-"))
+    table = pq.read_table(copy)
+    assert table.column("x").to_pylist() == [1.0, 2.0, 2.5] and table.num_rows == 3
+    assert str(table.schema.field("label").type) == "int64"
+    done = os.stat(os.path.join(copy, DONE)).st_mtime_ns
+    assert converted(StorageSpec(str(data)), storage, "label", "data.path") == copy
+    assert os.stat(os.path.join(copy, DONE)).st_mtime_ns == done  # not converted again
+
+    (tmp_path / "t.tsv").write_text("x\tlabel\n1\t0\n")
+    assert pq.read_table(converted(StorageSpec(str(tmp_path / "t.tsv")), storage, "label",
+                                   "data.path")).num_rows == 1
+    with pytest.raises(ConfigError, match=r"data.path=.*/mixed\*': its files mix formats "
+                                          r"\(csv, json\): one format per path"):
+        (tmp_path / "mixed.csv").write_text("x,label\n1,0\n")
+        (tmp_path / "mixed.jsonl").write_text('{"x": 1, "label": 0}\n')
+        converted(StorageSpec(str(tmp_path / "mixed*")), storage, "label", "data.path")

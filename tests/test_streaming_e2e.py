@@ -124,6 +124,22 @@ def test_held_parquet_whose_labels_changed_is_refused_restart_trains_again_and_d
     assert first.returncode == 0, first.output[-3000:]
     name = first.record["run_name"]
 
+    # The same rows as CSV files (a folder of them): converted once beside the runs, the same
+    # training to the bit.
+    import pyarrow.csv as pacsv
+
+    csv = tmp_path / "csv"
+    csv.mkdir()
+    for part in sorted(data.iterdir()):
+        pacsv.write_csv(pq.read_table(part), csv / part.name.replace(".parquet", ".csv"))
+    as_csv = run_cli(tmp_path / "csv-run", *[a for a in common if not a.startswith("data.path")],
+                     f"data.path={csv}", cwd=project)
+    assert as_csv.returncode == 0, as_csv.output[-3000:]
+    assert as_csv.record["metrics"] == first.record["metrics"]
+    assert as_csv.record["config"]["data"]["source"] == str(csv)
+    assert [p.name for p in (storage / "_data").iterdir()] == [
+        as_csv.record["config"]["data"]["path"].rsplit("/", 1)[1]]
+
     table = pq.read_table(data / "digits-3.parquet")
     flipped = table.set_column(table.schema.get_field_index("label"), "label",
                                pa_labels(9 - table["label"].to_numpy()))

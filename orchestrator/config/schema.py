@@ -154,6 +154,10 @@ class DataConfig:
     window: int = 1  # streamed: row groups a shard shuffles together
     max_row_group_mb: float = 512.0  # streamed: a larger row group (decoded) is refused
     on_change: str = "refuse"  # resuming over data that changed since: refuse | restart | continue
+    # Set by the orchestrator: the CSV or JSON lines path that data.path (eval_path) is the
+    # parquet copy of (orchestrator/data/text_data.py); the run's identity is made from it.
+    source: str | None = None
+    eval_source: str | None = None
 
     def __post_init__(self) -> None:
         require(self.name in DATA_NAMES, "data", self.name, "one of " + ", ".join(DATA_NAMES))

@@ -20,6 +20,10 @@ import pyarrow.parquet as pq
 
 from orchestrator.errors import ConfigError, one_line
 
+# CSV, TSV and JSON lines (compressed too): converted to parquet once (text_data.py)
+TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".csv.gz", ".tsv.gz", ".jsonl.gz",
+                 ".ndjson.gz", ".json.gz", ".csv.bz2", ".jsonl.bz2")
+
 
 @dataclass(frozen=True)
 class DataFile:
@@ -102,7 +106,8 @@ def what_changed(before: dict, now: Manifest) -> str | None:
 
 
 def list_files(fs: pafs.FileSystem, path: str, key: str) -> list[pafs.FileInfo]:
-    """A file, every *.parquet under a folder (sorted), or a glob's matches."""
+    """A file, every *.parquet under a folder (sorted; where it has none, its CSV and JSON
+    lines files: orchestrator/data/text_data.py converts those), or a glob's matches."""
     if any(ch in path for ch in "*?["):
         base = path[: min(path.index(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
         infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
@@ -112,14 +117,16 @@ def list_files(fs: pafs.FileSystem, path: str, key: str) -> list[pafs.FileInfo]:
         if info.type == pafs.FileType.File:
             found = [info]
         elif info.type == pafs.FileType.Directory:
-            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-            found = [i for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")
-                     and not any(part.startswith((".", "_")) for part in i.path[len(path):].split("/"))]
+            infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                     if i.type == pafs.FileType.File and not any(
+                         part.startswith((".", "_")) for part in i.path[len(path):].split("/"))]
+            found = [i for i in infos if i.path.endswith(".parquet")] or \
+                [i for i in infos if i.path.endswith(TEXT_SUFFIXES)]
         else:
             raise ConfigError(f"{key}={path!r}: no such file or folder")
     if not found:
         raise ConfigError(f"{key}={path!r}: no parquet files there (a folder's *.parquet files, "
-                          "a glob, or one file)")
+                          "or its CSV or JSON lines files, a glob, or one file)")
     return sorted(found, key=lambda i: i.path)
 
 

@@ -27,6 +27,7 @@ from orchestrator.data.fingerprint import data_fingerprint, what_changed
 from orchestrator.data.manifest import list_files
 from orchestrator.data.nonfinite import check_finite
 from orchestrator.data.streaming import StreamPlan, plan_stream
+from orchestrator.data.text_data import converted
 from orchestrator.errors import ConfigError, one_line
 from orchestrator.redaction import redact
 from orchestrator.storage.check import check_storage, create_bucket
@@ -59,8 +60,13 @@ FINISHED = "finished.json"  # beside a run's checkpoints, written when the run s
 def run_identity(trainer: dict, data: dict, seed: int) -> dict:
     """What makes a run this run: its trainer but for how long it trains, its data but for
     how it is read, its seed. The cluster is left out: a run may resume at another size."""
+    data = {k: v for k, v in data.items() if k not in NOT_THE_RUNS_DATA}
+    for key, source in (("path", "source"), ("eval_path", "eval_source")):
+        if data.get(source):  # a CSV's parquet copy: the data is what the user named
+            data[key] = data[source]
+        data.pop(source, None)
     return {"trainer": {k: v for k, v in trainer.items() if k not in LENGTH_KEYS},
-            "data": {k: v for k, v in data.items() if k not in NOT_THE_RUNS_DATA}, "seed": seed}
+            "data": data, "seed": seed}
 
 
 def run_length(trainer: dict) -> dict:
@@ -88,8 +94,19 @@ def complete_data(cfg_node: DictConfig, cfg: Config) -> None:
     resolve to the real shape. Once per command (orchestrator/config/once.py)."""
     data: DataConfig = cfg.data
     storage = storage_spec(cfg)
+    if data.name == "parquet":
+        copies = decided_once("text data", [data.path, data.eval_path, data.label, storage.uri,
+                                            storage.endpoint],
+                              lambda: text_data_copies(data, storage))
+        with open_dict(cfg_node.data):
+            for key, (source_key, copy) in copies.items():
+                cfg_node.data[source_key] = getattr(data, key)
+                cfg_node.data[key] = copy
+                setattr(data, source_key, getattr(data, key))
+                setattr(data, key, copy)
     keys = [OmegaConf.to_container(cfg_node.data, resolve=True), storage.uri, storage.endpoint]
-    facts = decided_once("data", keys, lambda: checked_data_facts(data, storage))
+    facts = decided_once("data", keys, lambda: as_the_user_named_it(
+        data, lambda: checked_data_facts(data, storage)))
     if facts is None:
         return
     with open_dict(cfg_node.data):
@@ -97,6 +114,34 @@ def complete_data(cfg_node: DictConfig, cfg: Config) -> None:
             if OmegaConf.select(cfg_node, f"data.{key}") is None:
                 cfg_node.data[key] = getattr(facts, key)
                 setattr(data, key, getattr(facts, key))
+
+
+def as_the_user_named_it(data: DataConfig, check):
+    """``check()``, its refusal naming a CSV's path as the user gave it, not its copy's."""
+    try:
+        return check()
+    except ConfigError as exc:
+        message = str(exc)
+        for key, source_key in (("path", "source"), ("eval_path", "eval_source")):
+            if getattr(data, source_key):
+                message = message.replace(repr(getattr(data, key)), repr(getattr(data, source_key)))
+        if message == str(exc):
+            raise
+        raise ConfigError(message) from None
+
+
+def text_data_copies(data: DataConfig, storage: StorageSpec) -> dict[str, tuple[str, str]]:
+    """{"path": ("source", the parquet copy's URI), ...} of data.path and data.eval_path where
+    they name CSV or JSON lines files (orchestrator/data/text_data.py)."""
+    copies = {}
+    for key, source_key in (("path", "source"), ("eval_path", "eval_source")):
+        path = getattr(data, key)
+        if path and not getattr(data, source_key):
+            copy = converted(storage.sibling(path, f"data.{key}"), storage, data.label,
+                             f"data.{key}")
+            if copy is not None:
+                copies[key] = (source_key, copy)
+    return copies
 
 
 def checked_data_facts(data: DataConfig, storage: StorageSpec) -> DataFacts | None:
@@ -156,7 +201,8 @@ def current_data_files(data: DataConfig, storage: StorageSpec) -> dict[str, str]
     if data.name != "parquet":
         return None
     files: dict[str, str] = {}
-    for key, path in (("data.path", data.path), ("data.eval_path", data.eval_path)):
+    for key, path in (("data.path", data.source or data.path),
+                      ("data.eval_path", data.eval_source or data.eval_path)):
         if path:
             spec = storage.sibling(path, key)
             fs, inside = spec.filesystem()
@@ -172,7 +218,8 @@ def data_change(data: DataConfig, name: str, step: int, before: dict, now: dict)
         return False
     if data.on_change == "refuse":
         raise ConfigError(
-            f"data.path={data.path!r} changed since run {name}'s checkpoint at step {step} "
+            f"data.path={data.source or data.path!r} changed since run {name}'s checkpoint at "
+            f"step {step} "
             f"({change}): training on would mix two versions of the data; start a new run "
             f"(run.name=<another name>), or set data.on_change=restart (train again from step "
             f"0 over the data as it is now) or data.on_change=continue (go on from step {step})")
