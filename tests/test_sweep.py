@@ -107,13 +107,15 @@ def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_c
         ray_head, tmp_path):
     """Run from a user's folder with relative paths (storage.uri=ckpt): the trials' checkpoints
     are under that folder, not Tune's; Ctrl-C exits 130 with the trials recorded as
-    interrupted; the same command resumes each from its own newest checkpoint."""
+    interrupted, and the one waiting for room as not started, in sweep.json and scaling.md;
+    the same command resumes each from its own newest checkpoint and runs the third."""
     project, gate = tmp_path / "project", tmp_path / "gate"
     project.mkdir()
     gate.write_text("hold")
     cmd = [sys.executable, "-m", "orchestrator", "--multirun", "hydra.sweep.dir=sweep",
            f"cluster.address={ray_head.address}", "storage.uri=ckpt", "cluster.workers=1",
-           "trainer.lr=0.1,0.05", "hydra.sweeper.max_concurrent=2", "checkpoint.every_steps=50",
+           "trainer.lr=0.1,0.05,0.02", "hydra.sweeper.max_concurrent=2",
+           "checkpoint.every_steps=50",
            "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
            "+trainer.hold_at=120"]
     env = cli_env({"PYTHONPATH": str(REPO)})  # the gated function is the repository's
@@ -132,9 +134,11 @@ def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_c
     assert proc.returncode == 130, out[-4000:]
     assert "Tuner.restore(" not in out and "the same command runs the rest" in out, out[-4000:]
     rec = sweep_record(project / "sweep")
-    assert rec["status"] == "interrupted" and [r["status"] for r in rec["trials"]] == \
-        ["interrupted"] * 2, rec
-    runs = [read_record(Path(r["run_dir"])) for r in rec["trials"]]
+    assert rec["status"] == "interrupted" and sorted(r["status"] for r in rec["trials"]) == \
+        ["interrupted", "interrupted", "not started"], rec
+    assert "3 trials" in (project / "sweep" / "scaling.md").read_text()
+    assert "| not started |" in (project / "sweep" / "scaling.md").read_text()
+    runs = [read_record(Path(r["run_dir"])) for r in rec["trials"] if r["status"] != "not started"]
     for run in runs:
         assert run["checkpoint_uri"].startswith(str(project / "ckpt")), run["checkpoint_uri"]
 
@@ -143,9 +147,10 @@ def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_c
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     rec = sweep_record(project / "sweep")
     assert rec["status"] == "done" and all(r["status"] == "succeeded" for r in rec["trials"])
-    for row in rec["trials"]:
-        run = read_record(Path(row["run_dir"]))
-        assert run["resumed_from_step"] >= 100 and run["checkpoint_uri"].startswith(
+    resumed = [read_record(Path(row["run_dir"])) for row in rec["trials"]]
+    assert sorted(bool(run["resumed_from_step"]) for run in resumed) == [False, True, True]
+    for run in resumed:
+        assert (run["resumed_from_step"] or 100) >= 100 and run["checkpoint_uri"].startswith(
             str(project / "ckpt")), run
 
 

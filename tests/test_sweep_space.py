@@ -256,20 +256,29 @@ def test_after_ctrl_c_a_trial_that_had_failed_on_its_own_still_shows_failed(tmp_
 
     from orchestrator.sweep.runner import trial_row
 
-    space = build_space(["trainer.lr=0.1,0.2,0.3"], {})
+    space = build_space(["trainer.lr=0.1,0.2,0.3,0.4,0.5"], {})
     runs = {"t0": {"status": "succeeded"}, "t1": {"status": "failed", "error": "boom at step 3"},
-            "t2": {"status": "interrupted"}}
+            "t2": {"status": "interrupted"},
+            # Its run ended and printed "succeeded"; the Ctrl-C came before Tune's final report.
+            "t3": {"status": "succeeded", "steps": 40, "metrics": {"test_loss": 0.25},
+                   "samples_per_s": 900.0},
+            "t4": None}  # waiting for room: never started
     results = []
     for i, (trial, run) in enumerate(runs.items()):
         (tmp_path / trial).mkdir()
-        (tmp_path / trial / "run.json").write_text(json.dumps(run))
+        if run is not None:
+            (tmp_path / trial / "run.json").write_text(json.dumps(run))
         results.append(SimpleNamespace(
-            metrics={"final": True} if i == 0 else {"step": 3}, config={"trainer.lr": f"0.{i + 1}"},
+            metrics={"final": True} if i == 0 else {} if run is None else {"step": 3},
+            config={"trainer.lr": f"0.{i + 1}"},
             error=None if i == 0 else RuntimeError("trial stopped"),
             path=str(tmp_path / "tune" / trial)))
     rows = [trial_row(r, space, 2, interrupted=True) for r in results]
-    assert [r["status"] for r in rows] == ["succeeded", "failed", "interrupted"]
+    assert [r["status"] for r in rows] == ["succeeded", "failed", "interrupted", "succeeded",
+                                           "not started"]
     assert rows[1]["error"] == "trial stopped" and rows[2]["error"] is None
+    assert rows[3]["metrics"]["test_loss"] == 0.25 and rows[3]["steps"] == 40
+    assert rows[3]["samples_per_s"] == 900.0
 
 
 def test_a_sweep_may_compare_trials_by_a_figure_every_trial_reports(tmp_path):

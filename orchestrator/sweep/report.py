@@ -61,9 +61,11 @@ def markdown(summary: dict) -> str:
         f"| trial | overrides | status | workers | samples/s | speedup | efficiency | wall s | {metric} |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(summary["trials"], key=lambda r: (group_key(r), r["workers"], r["trial"])):
+    for r in sorted(summary["trials"],
+                    key=lambda r: (r["status"] == "not started", group_key(r), r["workers"] or 0,
+                                   r["trial"])):
         lines.append(
-            f"| {r['trial']} | `{' '.join(r['overrides'])}` | {r['status']} | {r['workers']} | "
+            f"| {r['trial']} | `{' '.join(r['overrides'])}` | {r['status']} | {_fmt(r['workers'])} | "
             f"{_fmt(r.get('samples_per_s'), '.1f')} | {_fmt(r.get('speedup'), '.2f')} | "
             f"{_fmt(r.get('efficiency'), '.2f')} | {_fmt(r.get('wall_s'), '.1f')} | "
             f"{_fmt(r.get('metric'), '.4g')} |")

@@ -192,6 +192,8 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
             finally:  # a joined cluster outlives the sweep: nothing of its trials stays there
                 release_trial_groups(session)
         rows = [trial_row(r, space, cluster.workers, ctrl_c.seen) for r in results]
+    if ctrl_c.seen:  # the trials the search had not drawn yet: the same command runs them
+        rows += [not_started(i) for i in range(grid - len(rows))]
     summary = summarize(conf, name, sweep_dir, space, rows, at_once, budget, started)
     summary["status"] = "interrupted" if ctrl_c.seen else "done"
     paths = write_report(summary, sweep_dir)
@@ -357,6 +359,15 @@ def trial_row(result, space: SweepSpace, default_workers: int, interrupted: bool
     run = read_record(path.parents[1] / path.name / "run.json") or {}
     if metrics.get("final"):
         status = "succeeded"
+    elif run.get("status") in ("succeeded", "already_finished"):
+        # The run ended (and said so) before Tune took its final report: a Ctrl-C between
+        # the two. Its record is the trial's result.
+        status = "succeeded"
+        metrics.update({**run.get("train_metrics", {}), **run.get("metrics", {}),
+                        "step": run.get("steps"), "samples_per_s": run.get("samples_per_s"),
+                        "wall_s": run.get("wall_s")})
+    elif interrupted and not run and not metrics:
+        status = "not started"  # drawn, waiting for room at the Ctrl-C
     elif interrupted and run.get("status") != "failed":
         status = "interrupted"  # stopped by the user's Ctrl-C (its error, if any, is that)
     elif result.error is not None or run.get("status") == "failed":
@@ -378,6 +389,13 @@ def trial_row(result, space: SweepSpace, default_workers: int, interrupted: bool
         "restarts": metrics.get("restarts"), "error": error,
         "run_dir": str(path.parents[1] / path.name),
     }
+
+
+def not_started(index: int) -> dict:
+    return {"trial": f"(not started {index + 1})", "overrides": [], "status": "not started",
+            "workers": None, "steps": None, "metrics": {}, "metric": None,
+            "samples_per_s": None, "wall_s": None, "restarts": None, "error": None,
+            "run_dir": None}
 
 
 def summarize(conf: RayTuneSweeperConf, name: str, sweep_dir: Path, space: SweepSpace,
