@@ -371,3 +371,25 @@ def test_tunes_restore_advice_is_not_shown_after_a_ctrl_c():
         logger.removeHandler(kept)
         logger.setLevel(level)
     assert kept.messages == ["a trial failed"]
+
+
+def test_a_trial_the_scheduler_stopped_is_stopped_early_though_its_run_says_failed(tmp_path):
+    """ASHA stops a trial: Tune removes its placement group while the trial's actor winds
+    down, its run's controller dies under it and its run.json says failed; the sweep counted
+    it failed and exited 1 (seen in `--multirun hpo=ddp_lr_workers`: '1 failed, 3 stopped
+    early'). A trial that raised (its run failed on its own) stays failed."""
+    from types import SimpleNamespace
+
+    from orchestrator.sweep.runner import trial_row
+
+    space = build_space(["trainer.lr=0.1,0.2"], {})
+    rows = []
+    for trial, error in (("stopped", None), ("failed", RuntimeError("trial failed: boom"))):
+        (tmp_path / trial).mkdir()
+        (tmp_path / trial / "run.json").write_text(json.dumps(
+            {"status": "failed", "error": "Ray Train's controller ended: ... placement group "
+                                          "was removed"}))
+        rows.append(trial_row(SimpleNamespace(metrics={"step": 40}, config={}, error=error,
+                                              path=str(tmp_path / "tune" / trial)), space, 2))
+    assert [r["status"] for r in rows] == ["stopped early", "failed"]
+    assert rows[0]["error"] is None and rows[1]["error"] == "trial failed: boom"

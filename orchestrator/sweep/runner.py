@@ -370,10 +370,13 @@ def trial_row(result, space: SweepSpace, default_workers: int, interrupted: bool
         status = "not started"  # drawn, waiting for room at the Ctrl-C
     elif interrupted and run.get("status") != "failed":
         status = "interrupted"  # stopped by the user's Ctrl-C (its error, if any, is that)
-    elif result.error is not None or run.get("status") == "failed":
-        status = "failed"  # a run that failed on its own before the Ctrl-C too
+    elif result.error is not None:
+        status = "failed"  # the trial raised: its run failed on its own
     else:
-        status = "stopped early"  # the scheduler ended it at its last reported step
+        # The scheduler ended it at its last reported step. Its run.json may say failed: Tune
+        # removes a stopped trial's placement group while its actor winds down, which ends
+        # the run's controller under it (an early stop, not a failure).
+        status = "stopped early"
     workers = params.get("cluster.workers", metrics.get("workers", default_workers))
     error = None
     if status == "failed":
