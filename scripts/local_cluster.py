@@ -30,6 +30,9 @@ def free_port() -> int:
 def clean_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
+    # Started from the project's environment, as an activated one: a job's `python` (ray job
+    # submit's entrypoint runs in the node's environment) is the project's.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     env.update(connect_retry_env())  # a second less in every raylet's start
     env.update(extra or {})

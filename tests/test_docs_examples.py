@@ -145,3 +145,57 @@ def test_the_documented_error_is_what_the_command_prints(batches, example):
     assert "Started a local Ray" not in result.output and "RayTrainWorker" not in result.output
     storage = batch.storage(example.args)
     assert not storage.exists() or not any(storage.rglob("*")), "storage was written"
+
+
+def recipe(path: Path) -> list[str]:
+    """The commands of a page's bash block that joins a cluster (its `ray start --head`)."""
+    for kind, _, lines in blocks(path):
+        if kind == "bash" and any(line.startswith("ray start --head") for line in lines):
+            return [line.split("  #")[0].strip() for line in lines if line.strip()]
+    raise AssertionError(f"{path.name}: no block with `ray start --head`")
+
+
+def test_the_cluster_recipe_runs_as_written(ray_head, s3_server, bucket, tmp_path):
+    """README's and docs' `ray job submit` line, run from a user's folder against a head
+    started from the project's environment (the shared one: scripts/local_cluster.py puts
+    the project's Python first on its PATH, as `source .venv/bin/activate` does) with token
+    auth: the job's `python` is the project's, its credentials come from the AWS chain on the
+    cluster (a profile file named through --runtime-env-json), and its run record, written in
+    Ray's temporary copy of the folder, is copied beside the checkpoints and printed."""
+    import json
+    import subprocess
+
+    from scripts.local_cluster import RAY, node_env
+    from tests.conftest import user_project
+
+    submit = "RAY_AUTH_MODE=token ray job submit --working-dir . -- python -m orchestrator " \
+             "cluster.address=auto storage=s3 storage.uri=s3://bucket/ckpt"
+    for page in (REPO / "README.md", REPO / "docs" / "storage-and-clusters.md"):
+        assert recipe(page) == ["source .venv/bin/activate", "ray start --head",
+                                "python -m orchestrator cluster.address=auto cluster.workers=8",
+                                submit], page
+    profile = tmp_path / "credentials"  # on "the cluster": this machine's disk
+    profile.write_text(f"[train]\naws_access_key_id = {s3_server.access_key}\n"
+                       f"aws_secret_access_key = {s3_server.secret_key}\n")
+    profile.chmod(0o600)
+    runtime_env = {"env_vars": {"AWS_PROFILE": "train", "AWS_SHARED_CREDENTIALS_FILE": str(profile),
+                                "AWS_EC2_METADATA_DISABLED": "true"}}
+    env, args = node_env(), submit.split()
+    env.update(arg.split("=", 1) for arg in args[:1])  # RAY_AUTH_MODE=token
+    env = {k: v for k, v in env.items() if not k.startswith("AWS_")}  # the shell's keys: none
+    args = [RAY, *args[2:4], f"--address={ray_head.dashboard}",
+            f"--runtime-env-json={json.dumps(runtime_env)}", *args[4:]]
+    args[-1] = f"storage.uri=s3://{bucket}/job-recipe"
+    args += [f"storage.endpoint={s3_server.endpoint}", "trainer.max_steps=20",
+             "cluster.cpus_per_worker=0.5"]
+    job = subprocess.run(args, cwd=user_project(tmp_path), env=env, capture_output=True,
+                         text=True, timeout=600)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out[-4000:]
+    assert "succeeded in" in out and s3_server.secret_key not in out
+    printed = [line for line in out.splitlines() if "run record: s3://" in line]
+    assert printed and printed[-1].endswith("(this job's working folder is Ray's temporary copy)")
+    uri = printed[-1].split("run record: ")[1].split(" ")[0]
+    assert uri.startswith(f"s3://{bucket}/job-recipe/ddp-digits-") and "/records/" in uri
+    stored = json.loads(s3_server.filesystem().open_input_stream(uri[len("s3://"):]).read())
+    assert stored["status"] == "succeeded" and stored["steps"] == 20

@@ -17,7 +17,7 @@ from orchestrator.checkpoint.committer import Committer
 from orchestrator.checkpoint.retry import Backoff
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, CheckpointUnreachable, step_dir
 from orchestrator.storage.location import Credentials, StorageSpec
-from tests.conftest import CliBatch, free_port, run_cli
+from tests.conftest import REPO, CliBatch, cli_command, cli_env, free_port, run_cli
 from tests.helpers import (
     assert_input_error,
     assert_planted_one_refused,
@@ -417,3 +417,19 @@ os._exit(0)  # killed: never closed, never aborted
     assert unfinished_uploads(s3_server, "leftover") == []
     assert unfinished_uploads(s3_server, "leftover2") == ["leftover2/step_000000020/att-x/shard.bin"]
     assert [r.step for r in store.committed()] == [10]
+
+
+def test_cli_no_credentials_anywhere_says_so(tmp_path, s3_server, bucket):
+    """No keys in the environment, no profile file, no role: the chain found nothing (as in a
+    job submitted from a shell whose keys the cluster never sees); the line said the chain
+    'refuses the credentials' it had found."""
+    env = {k: v for k, v in cli_env().items() if not k.startswith("AWS_")}
+    env.update(HOME=str(tmp_path), AWS_EC2_METADATA_DISABLED="true")
+    proc = subprocess.run(cli_command(tmp_path / "run", "storage=s3", "storage.uri=s3://ckpt-tests/x",
+                                      f"storage.endpoint={s3_server.endpoint}"),
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().startswith(
+        f"error: storage: {s3_server.endpoint} refuses the request: this machine has no AWS "
+        "credentials (no AWS_ACCESS_KEY_ID, no profile file"), proc.stderr
+    assert "ray job submit" in proc.stderr

@@ -134,6 +134,8 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     summarize(final, record_path)
     if final["status"] == "succeeded":
         keep_finished(run, final)
+    if in_a_jobs_temporary_copy():
+        keep_record_with_checkpoints(run, final)
     if (winding_down.seen or session.interrupted) and code == 0:
         log.warning("interrupted while shutting down, after the run %s", final["status"])
         code = 130
@@ -157,6 +159,28 @@ def said_finished(run: CheckedRun, record_path: Path, started_at: float) -> int:
     record.finish("already_finished", None, time.time())
     record.write(str(record_path))
     return 0
+
+
+# Where `ray job submit --working-dir` runs its entrypoint: a copy Ray deletes with the job.
+JOB_COPY_MARKER = "/runtime_resources/working_dir_files/"
+
+
+def in_a_jobs_temporary_copy() -> bool:
+    return JOB_COPY_MARKER in os.getcwd()
+
+
+def keep_record_with_checkpoints(run: CheckedRun, final: dict) -> None:
+    """A job's run.json would stay in Ray's temporary copy of its working folder: a copy goes
+    beside the run's checkpoints (records/<start>.json), and its address is printed."""
+    name = f"records/{time.strftime('%Y%m%d-%H%M%S', time.gmtime(final.get('started_at') or time.time()))}.json"
+    try:
+        CheckpointStore(run.plan.run_storage).write_run_record(name, final)
+    except OSError as exc:
+        log.warning("the run record was not copied beside the checkpoints (%s)",
+                    one_line(exc)[:200])
+        return
+    log.info("run record: %s/%s (this job's working folder is Ray's temporary copy)",
+             run.plan.run_storage.uri.rstrip("/"), name)
 
 
 def keep_finished(run: CheckedRun, final: dict) -> None:

@@ -5,6 +5,8 @@ Each problem becomes one ConfigError line (exit 2). Nothing is written while che
 
 from __future__ import annotations
 
+import os
+
 import pyarrow.fs as pafs
 
 from orchestrator.errors import ConfigError, one_line
@@ -29,6 +31,13 @@ def check_storage(spec: StorageSpec) -> bool:
         if any(marker in text for marker in UNREACHABLE):
             raise ConfigError(f"storage.endpoint={spec.endpoint!r}: nothing answers at {where}") from None
         if refused_credentials(text):
+            if spec.credentials is None and not chain_sources():
+                raise ConfigError(
+                    f"storage: {where} refuses the request: this machine has no AWS "
+                    "credentials (no AWS_ACCESS_KEY_ID, no profile file, no web identity "
+                    "token, no instance role answered); a job started by `ray job submit` has "
+                    "the cluster's environment, not your shell's: give the nodes a profile "
+                    "(~/.aws/credentials) or a role") from None
             source = ("from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" if spec.credentials
                       else "the AWS credential chain found (profile, its files, web identity)")
             raise ConfigError(
@@ -42,6 +51,24 @@ def check_storage(spec: StorageSpec) -> bool:
                 "(create it, or allow storage.create_bucket=true)")
         return True
     return False
+
+
+def chain_sources() -> list[str]:
+    """The places the AWS credential chain would find credentials on this machine (by name,
+    never their values); an instance role is not asked for here."""
+    home = os.path.expanduser("~")
+    places = {
+        "AWS_ACCESS_KEY_ID": bool(os.environ.get("AWS_ACCESS_KEY_ID")),
+        "AWS_PROFILE": bool(os.environ.get("AWS_PROFILE")),
+        "AWS_WEB_IDENTITY_TOKEN_FILE": bool(os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE")),
+        "AWS_CONTAINER_CREDENTIALS": any(os.environ.get(f"AWS_CONTAINER_CREDENTIALS_{k}_URI")
+                                         for k in ("RELATIVE", "FULL")),
+        "credentials file": os.path.isfile(os.environ.get(
+            "AWS_SHARED_CREDENTIALS_FILE", os.path.join(home, ".aws", "credentials"))),
+        "config file": os.path.isfile(os.environ.get(
+            "AWS_CONFIG_FILE", os.path.join(home, ".aws", "config"))),
+    }
+    return [name for name, found in places.items() if found]
 
 
 def create_bucket(spec: StorageSpec) -> None:
