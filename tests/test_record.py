@@ -353,3 +353,25 @@ def test_the_failure_line_names_the_rank_that_died_not_the_one_that_lost_it():
     assert describe_failure(both) == "worker rank 1: RuntimeError: Worker health check failed: " \
         "the actor died (OOM killed)"
     assert describe_failure(SimpleNamespace(worker_failures={0: echo})).startswith("worker rank 0")
+
+
+def test_a_dead_peers_traceback_is_one_line_on_the_console_and_others_stay_whole():
+    """trainer=script: when rank 1 is killed, rank 0 fails in its next collective with ~25
+    lines of gloo traceback that only say the peer is gone (issue 61, 5); the console gets its
+    last line, the rank's log keeps all. A traceback of the script's own stays whole."""
+    from orchestrator.observe.tracebacks import ConsoleTracebacks
+
+    gloo = ["Traceback (most recent call last):", '  File "train.py", line 40, in <module>',
+            *[f"    frame {i}" for i in range(20)],
+            "torch.distributed.DistBackendError: [../third_party/gloo/gloo/transport/tcp/"
+            "pair.cc:534] Read error [127.0.0.1]:41212: Connection reset by peer"]
+    own = ["Traceback (most recent call last):", '  File "train.py", line 12, in <module>',
+           "ValueError: no such column"]
+    console = ConsoleTracebacks()
+    shown = console.feed(["epoch 3", *gloo[:10]])  # held until its last line comes
+    assert shown == ["epoch 3"]
+    shown = console.feed([*gloo[10:], "after", *own])
+    assert shown == [f"{gloo[-1]}  (22 lines of its traceback, a peer rank gone, are in this "
+                     "rank's log)", "after", *own]
+    assert console.feed(["Traceback (most recent call last):", "  File"]) == []
+    assert console.flush() == ["Traceback (most recent call last):", "  File"]  # at the end

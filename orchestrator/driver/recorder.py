@@ -17,6 +17,7 @@ from orchestrator.driver.failure_policy import WorkerError
 from orchestrator.driver.record import RunRecord
 from orchestrator.observe.progress import ProgressState
 from orchestrator.observe.rate import Rate
+from orchestrator.observe.tracebacks import ConsoleTracebacks
 
 WRITE_EVERY_S = 1.0
 PUBLISH_EVERY_S = 1.0  # Ray drops a gauge not set for a while: refresh them, events or not
@@ -43,6 +44,7 @@ class RunRecorder:
         self._checkpoints_untold = 0
         self._checkpoint_told_at = float("-inf")
         self._sums: dict[str, list] = {}  # sum_over_ranks: key -> [{rank: part}, ranks asked]
+        self._rank0_tracebacks = ConsoleTracebacks()  # a dead peer's traceback shortened
         self.curves = None
         if tensorboard_dir:
             from orchestrator.observe.curves import Curves
@@ -80,6 +82,7 @@ class RunRecorder:
 
     def group_started(self, world_size: int, step: int, at: float,
                       total_steps: int | None = None) -> None:
+        self._show_held_lines()  # an earlier group's unfinished traceback
         before = self._world_size() or 0
         lost = self.record.lost_steps
         kind = self.record.group_started(world_size, step, at, total_steps)
@@ -168,7 +171,8 @@ class RunRecorder:
         with open(os.path.join(folder, f"rank_{rank}.log"), "a", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in lines)
         if rank == 0:
-            self.notices.extend(("INFO", f"[rank0] {line}") for line in lines)
+            shown = self._rank0_tracebacks.feed(lines)
+            self.notices.extend(("INFO", f"[rank0] {line}") for line in shown)
 
     def contribute(self, key: str, rank: int, values) -> None:
         """A rank's part of a sum over the ranks (WorkerContext.sum_over_ranks)."""
@@ -254,7 +258,11 @@ class RunRecorder:
                              self.rate.step_s(), dict(r.train_metrics), self.notices[cursor:],
                              len(self.notices))
 
+    def _show_held_lines(self) -> None:
+        self.notices.extend(("INFO", f"[rank0] {line}") for line in self._rank0_tracebacks.flush())
+
     def finish(self, status: str, error: str | None) -> dict:
+        self._show_held_lines()
         self.record.finish(status, error, time.time())
         self._write(force=True)
         if self.curves:
