@@ -30,12 +30,10 @@ def test_a_users_loop_survives_a_rank_killed_mid_checkpoint_and_ends_bit_identic
     # The uninterrupted run goes alongside (each takes half the head's CPUs).
     straight = start_run(tmp_path / "straight", *common, "+trainer.steps=300",
                          "trainer.fn=mypkg.train:main", "run.name=straight", cwd=project)
-    crashed = run_cli(tmp_path / "crashed", *common, "+trainer.steps=300",
-                      "trainer.fn=mypkg.faults:crash_while_saving",
-                      "+trainer.crash_at=200", f"+trainer.marker={tmp_path / 'crashed-once'}",
-                      "+trainer.committed_first="
-                      f"{storage / 'crashed' / 'step_000000100' / 'manifest.json'}",
-                      "run.name=crashed", cwd=project)
+    crashing = ["trainer.fn=mypkg.faults:crash_while_saving", "+trainer.crash_at=200",
+                f"+trainer.marker={tmp_path / 'crashed-once'}", "+trainer.committed_first="
+                f"{storage / 'crashed' / 'step_000000100' / 'manifest.json'}", "run.name=crashed"]
+    crashed = run_cli(tmp_path / "crashed", *common, "+trainer.steps=300", *crashing, cwd=project)
     assert crashed.returncode == 0, crashed.output[-4000:]
     rec = crashed.record
     assert (tmp_path / "crashed-once").read_text() == "200"  # rank 1 died writing step 200
@@ -63,8 +61,8 @@ def test_a_users_loop_survives_a_rank_killed_mid_checkpoint_and_ends_bit_identic
     rank_file = Path(stored_path(storage / "crashed" / "step_000000300", "rank_1.json"))
     good = rank_file.read_bytes()
     rank_file.write_bytes(good.replace(b"9600", b"9601"))  # the same size, other bytes
-    again = run_cli(tmp_path / "again", *common, "+trainer.steps=400",
-                    "trainer.fn=mypkg.train:main", "run.name=crashed", cwd=project)
+    # The finished run asked for 100 steps more (the same function: it crashes only once).
+    again = run_cli(tmp_path / "again", *common, "+trainer.steps=400", *crashing, cwd=project)
     assert again.returncode == 0, again.output[-4000:]
     assert again.record["resumed_from_step"] == 200 and again.record["steps"] == 400
     assert any("step_000000300/rank_1.json does not match its manifest" in w
