@@ -375,3 +375,29 @@ def test_a_dead_peers_traceback_is_one_line_on_the_console_and_others_stay_whole
                      "rank's log)", "after", *own]
     assert console.feed(["Traceback (most recent call last):", "  File"]) == []
     assert console.flush() == ["Traceback (most recent call last):", "  File"]  # at the end
+
+
+def test_a_controller_destroyed_with_its_placement_group_is_a_stopped_trial_not_a_failure():
+    """ASHA stops a sweep's trial: Tune removes the trial's placement group, Ray destroys the
+    controller in it, and the trial's run said `error: Ray Train's controller ended: ...` and
+    recorded failed. Now: status stopped, no error line (launch.run_to_end)."""
+    from ray.exceptions import RayActorError
+
+    from orchestrator.driver.interrupts import DeferredInterrupt
+    from orchestrator.driver.launch import run_to_end
+
+    class Trainer:
+        def __init__(self, message):
+            self.message = message
+
+        def fit(self):
+            raise RayActorError(error_msg=self.message)
+
+    removed = "The actor is dead because its worker process has died. Worker exit type: " \
+              "INTENDED_SYSTEM_EXIT Worker exit detail: Destroying worker since its placement " \
+              "group was removed."
+    assert run_to_end(Trainer(removed), DeferredInterrupt(), False, None) == \
+        (1, "stopped", "stopped early by the sweep's scheduler")
+    code, status, error = run_to_end(Trainer("The actor died: OOM"), DeferredInterrupt(), False,
+                                     None)
+    assert (code, status) == (1, "failed") and error.startswith("Ray Train's controller ended")

@@ -384,12 +384,14 @@ def test_a_trial_the_scheduler_stopped_is_stopped_early_though_its_run_says_fail
 
     space = build_space(["trainer.lr=0.1,0.2"], {})
     rows = []
-    for trial, error in (("stopped", None), ("failed", RuntimeError("trial failed: boom"))):
+    cases = (("stopped", None, "failed"), ("said", RuntimeError("x"), "stopped"),
+             ("failed", RuntimeError("trial failed: boom"), "failed"))
+    for trial, error, status in cases:
         (tmp_path / trial).mkdir()
         (tmp_path / trial / "run.json").write_text(json.dumps(
-            {"status": "failed", "error": "Ray Train's controller ended: ... placement group "
-                                          "was removed"}))
+            {"status": status, "error": "Ray Train's controller ended: ... placement group "
+                                        "was removed"}))
         rows.append(trial_row(SimpleNamespace(metrics={"step": 40}, config={}, error=error,
                                               path=str(tmp_path / "tune" / trial)), space, 2))
-    assert [r["status"] for r in rows] == ["stopped early", "failed"]
-    assert rows[0]["error"] is None and rows[1]["error"] == "trial failed: boom"
+    assert [r["status"] for r in rows] == ["stopped early", "stopped early", "failed"]
+    assert rows[0]["error"] is None and rows[2]["error"] == "trial failed: boom"

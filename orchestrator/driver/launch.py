@@ -280,7 +280,7 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     if permanent:
         code, status, error = 1, "failed", permanent
         print_error(permanent)
-    elif code == 1:
+    elif code == 1 and status != "stopped":
         print_error(error)
     if code == 0:  # every write is done: what failed ones left goes (a failed run's at its resume)
         remove_stale(CheckpointStore(run.plan.run_storage))
@@ -384,10 +384,17 @@ def run_to_end(ray_trainer, winding_down: DeferredInterrupt, resumed: bool,
         log.warning("interrupted; %s", kept_for_a_resume(recorder, resumed))
         return 130, "interrupted", f"interrupted ({interrupted_by[0]})"
     except RayActorError as exc:  # the controller died (or the placement watch stopped it)
+        if GROUP_REMOVED in str(exc):
+            # A sweep's trial that its scheduler stopped: Tune removes the trial's placement
+            # group, the controller's, while the trial winds down. Not a failure.
+            return 1, "stopped", "stopped early by the sweep's scheduler"
         return 1, "failed", f"Ray Train's controller ended: {actor_death(exc)}"
     finally:
         winding_down.arm()
     return 0, "succeeded", None
+
+
+GROUP_REMOVED = "its placement group was removed"  # Ray's words for an actor it destroyed so
 
 
 def kept_for_a_resume(recorder, resumed: bool) -> str:

@@ -383,7 +383,7 @@ def trial_row(result, space: SweepSpace, default_workers: int, interrupted: bool
         status = "not started"  # drawn, waiting for room at the Ctrl-C
     elif interrupted and run.get("status") != "failed":
         status = "interrupted"  # stopped by the user's Ctrl-C (its error, if any, is that)
-    elif result.error is not None:
+    elif result.error is not None and run.get("status") != "stopped":
         status = "failed"  # the trial raised: its run failed on its own
     else:
         # The scheduler ended it at its last reported step. Its run.json may say failed: Tune

@@ -100,6 +100,8 @@ def run_trial(params: dict, ctx: TrialContext) -> None:
     record = read_record(out_dir / "run.json") or {}
     if "exception" in outcome:
         raise TrialFailed(f"trial {trial_id}: {outcome['exception']}") from outcome["exception"]
+    if record.get("status") == "stopped":
+        return  # the scheduler stopped this trial (launch.run_to_end): Tune is ending it
     # already_finished: the trial's run had finished (a sweep resumed after its end was
     # recorded by the run, not yet by Tune): its metrics are the trial's.
     if outcome.get("code") != 0 or record.get("status") not in ("succeeded", "already_finished"):
