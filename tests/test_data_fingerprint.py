@@ -4,6 +4,7 @@ finished run makes (orchestrator/driver/run_plan.py), without Ray."""
 from __future__ import annotations
 
 import os
+import time
 
 import pyarrow.fs as pafs
 import pytest
@@ -26,8 +27,14 @@ def test_content_decides_not_sizes_or_times(tmp_path, monkeypatch):
     data.mkdir()
     (data / "a.parquet").write_bytes(b"0" * 1000)
     (data / "b.parquet").write_bytes(b"1" * 10)
+    cache = tmp_path / "private" / "data-digests"
+    digests(data, monkeypatch, tmp_path)
+    assert not list(cache.iterdir())  # written this instant: not cached (racy)
+    past = time.time_ns() - 10**10
+    for name in ("a.parquet", "b.parquet"):
+        os.utime(data / name, ns=(past, past))
     before = digests(data, monkeypatch, tmp_path)
-    assert len(list((tmp_path / "private" / "data-digests").iterdir())) == 2  # cached
+    assert len(list(cache.iterdir())) == 2  # cached
 
     # A copy with new times is the same data; the same size with other bytes is not, even
     # with the modification time put back (the change time tells the cache).

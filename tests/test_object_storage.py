@@ -433,3 +433,45 @@ def test_cli_no_credentials_anywhere_says_so(tmp_path, s3_server, bucket):
         f"error: storage: {s3_server.endpoint} refuses the request: this machine has no AWS "
         "credentials (no AWS_ACCESS_KEY_ID, no profile file"), proc.stderr
     assert "ray job submit" in proc.stderr
+
+
+def test_data_in_s3_is_judged_by_content_and_its_csv_is_converted_beside_the_runs(
+        s3_server, bucket, tmp_path, monkeypatch):
+    """Issue 61, 1 and 6 on a real S3 server: an object rewritten with the same size (every
+    label flipped) is a changed file, one written again with the same bytes is not; a CSV
+    there becomes one parquet copy in the storage's _data/, made once."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from orchestrator.data.fingerprint import data_fingerprint, what_changed
+    from orchestrator.data.manifest import list_files
+    from orchestrator.data.text_data import converted
+
+    monkeypatch.setenv("ORCHESTRATOR_PRIVATE_DIR", str(tmp_path / "private"))
+    data = spec_for(s3_server, "data-fingerprint")
+    fs, root = data.filesystem()
+
+    def put(name: str, text: str) -> None:
+        with fs.open_output_stream(f"{root}/{name}") as f:
+            f.write(text.encode())
+
+    def digests() -> dict:
+        return data_fingerprint(data, list_files(fs, root, "data.path"), "data.path")
+
+    put("a.csv", "x,label\n1,0\n2,1\n")
+    put("b.csv", "x,label\n3,1\n")
+    before = digests()
+    put("b.csv", "x,label\n3,1\n")  # the same bytes again: a new modification time only
+    assert what_changed(before, digests()) is None
+    put("a.csv", "x,label\n1,1\n2,0\n")  # the same size, labels flipped
+    assert what_changed(before, digests()) == f"1 file rewritten ({root}/a.csv)"
+
+    storage = spec_for(s3_server, "csv-runs")
+    copy = converted(data, storage, "label", "data.path")
+    assert copy.startswith("s3://ckpt-tests/csv-runs/_data/data-fingerprint-")
+    copy_fs, copy_path = storage.sibling(copy).filesystem()
+    table = pq.read_table(copy_path, filesystem=copy_fs)
+    assert sorted(table.column("x").to_pylist()) == [1.0, 2.0, 3.0]
+    assert converted(data, storage, "label", "data.path") == copy
+    assert [i.base_name for i in copy_fs.get_file_info(pafs.FileSelector(copy_path))
+            if i.base_name.endswith(".parquet")] == ["part-00000.parquet", "part-00001.parquet"]

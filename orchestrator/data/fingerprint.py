@@ -6,7 +6,9 @@ the same data).
 
 A file is read whole once per version: its digest is cached in this user's private folder
 under its path, size, modification time (and, on a local disk, inode and change time), as
-DVC and make decide that a file is unchanged; a rerun over the same files reads nothing.
+DVC and make decide that a file is unchanged; a rerun over the same files reads nothing. A file
+modified in the last 2 s is hashed but not cached (an object store's times have whole seconds:
+a rewrite of the same size within one would look unchanged).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -42,9 +45,20 @@ def data_fingerprint(spec: StorageSpec, infos: list[pafs.FileInfo], key: str) ->
             except OSError as exc:
                 raise ConfigError(f"{key}: {info.path} cannot be read "
                                   f"({one_line(exc)[:200]})") from None
-            write_cached(cached, digest)
+            if not racy(info):
+                write_cached(cached, digest)
         found[info.path] = digest
     return found
+
+
+RACY_NS = 2 * 10**9  # an object store's modification time has whole seconds
+
+
+def racy(info: pafs.FileInfo) -> bool:
+    """Whether the file may still be rewritten within its modification time's resolution (as
+    git's "racily clean" entries): its digest is not cached, or a rewrite of the same size in
+    the same second would keep the old one."""
+    return info.mtime_ns is None or time.time_ns() - info.mtime_ns < RACY_NS
 
 
 def file_identity(spec: StorageSpec, info: pafs.FileInfo, local: bool) -> str:
