@@ -88,6 +88,7 @@ def checked_run(cfg_node: DictConfig) -> CheckedRun:
     data = OmegaConf.to_container(cfg_node.data, resolve=True)
     training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True), data)
     check_cluster(training.backend, cfg.cluster.gpus_per_worker)
+    refuse_what_never_fits_before_ray(cfg)
     return CheckedRun(cfg, training, data,
                       make_plan(cfg, training.config, data, training.info.streams,
                                 training.info.run_label(training.config)
@@ -191,6 +192,22 @@ def keep_finished(run: CheckedRun, final: dict) -> None:
     except OSError as exc:  # the run succeeded all the same; a rerun resumes at its end
         log.warning("could not record that run %s finished (%s): the same command would "
                     "resume at its last checkpoint", run.plan.run_name, one_line(exc)[:200])
+
+
+def refuse_what_never_fits_before_ray(cfg: Config) -> None:
+    """refuse_what_never_fits for what is known before an embedded Ray has started: its CPUs
+    (cluster.num_cpus, else this machine's) and custom resources (it has none). A busy machine
+    slow to start Ray must not delay, or fail, the answer to bad input; GPUs are counted once
+    Ray has looked."""
+    cluster = cfg.cluster
+    if cluster.address is not None or cluster.keep_alive:
+        return
+    cpus = float(cluster.num_cpus or os.cpu_count() or 1)
+    per_worker = {name: each for name, each in
+                  scaling_kwargs(cluster, cpus)["resources_per_worker"].items() if name != "GPU"}
+    problem = unplaceable_here(cluster, per_worker, {"CPU": cpus})
+    if problem:
+        raise ConfigError(problem)
 
 
 def refuse_what_never_fits(cfg: Config, session: RaySession) -> None:
