@@ -206,6 +206,32 @@ def test_ray_cores_private_helpers_are_there():
     assert token_auth_enabled() in (True, False)
 
 
+def test_the_token_auth_notice_a_sweep_leaves_out_is_logged_where_its_filter_sits():
+    """Ray's notice comes from the logger the filter is added to, in the words it drops; the
+    filter drops that record and no other."""
+    import importlib
+    import inspect
+    import logging
+
+    from orchestrator.ray_internals.cluster import (
+        TOKEN_NOTICE,
+        TOKEN_NOTICE_LOGGER,
+        NoTokenAuthNotice,
+    )
+
+    module = importlib.import_module(TOKEN_NOTICE_LOGGER)
+    assert module.logger.name == TOKEN_NOTICE_LOGGER
+    assert TOKEN_NOTICE in inspect.getsource(module._warn_token_auth_enabled)
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord(TOKEN_NOTICE_LOGGER, logging.WARNING, "", 0, message, (), None)
+
+    notice = NoTokenAuthNotice()
+    assert not notice.filter(record(f"{TOKEN_NOTICE} for this Ray cluster. Set RAY_AUTH_MODE="
+                                     "disabled to opt out."))
+    assert notice.filter(record("Token authentication is disabled for this Ray cluster."))
+
+
 def test_ray_start_records_its_address_where_auto_looks():
     import ray.scripts.scripts as ray_cli
 

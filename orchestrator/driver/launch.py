@@ -40,6 +40,7 @@ from orchestrator.driver.session_start import served_folder, session_env, sessio
 from orchestrator.errors import ConfigError, one_line, print_error
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
+from orchestrator.observe.tracebacks import echoes_a_peer
 from orchestrator.ray_internals.head_start import dashboard_may_start
 from orchestrator.ray_internals.train_hooks import (
     hooks_missing,
@@ -147,8 +148,7 @@ def said_finished(run: CheckedRun, record_path: Path, started_at: float) -> int:
     """A finished run's command again, asking for nothing more: one line, no worker, and a
     run.json that says so (a sweep's trial reports the finished run's metrics from it)."""
     done = run.plan.finished
-    metrics = " ".join(f"{k}={metric_text(v, '.4f')}" for k, v in (done.get("metrics") or {}).items()
-                       if isinstance(v, int | float) or v is None)
+    metrics = metrics_line(done.get("metrics") or {})
     log.info("run %s finished at step %s on %s: %s; nothing to train (more trainer.epochs or "
              "max_steps go on from there; another run.name starts again)", run.plan.run_name,
              done.get("step"), done.get("finished_at", "?"), metrics or "no metrics")
@@ -434,9 +434,6 @@ def actor_death(exc: Exception) -> str:
     return " ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(exc).__name__
 
 
-# A rank's error that only echoes another rank's death: its collective lost the peer.
-COLLECTIVE_ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
-                     "pair.cc", "Socket Timeout", "ProcessGroupGloo", "NCCL communicator")
 
 
 def describe_failure(exc: Exception) -> str:
@@ -445,13 +442,17 @@ def describe_failure(exc: Exception) -> str:
     failures = getattr(exc, "worker_failures", None)
     if failures:
         rank, err = min(failures.items(), key=lambda item: (
-            any(echo in str(item[1]) for echo in COLLECTIVE_ECHOES), item[0]))
+            echoes_a_peer(str(item[1])), item[0]))
         return f"worker rank {rank}: {type(err).__name__}: {str(err).strip().splitlines()[-1]}"
     return str(exc).strip().splitlines()[-1]
 
 
+def metrics_line(metrics: dict) -> str:
+    return " ".join(f"{k}={metric_text(v, '.4f')}" for k, v in metrics.items())
+
+
 def summarize(final: dict, record_path: Path) -> None:
-    metrics = " ".join(f"{k}={metric_text(v, '.4f')}" for k, v in final.get("metrics", {}).items())
+    metrics = metrics_line(final.get("metrics", {}))
     log.info("%s in %.1fs at step %s: %s", final["status"], final.get("wall_s") or 0.0,
              final.get("steps"), metrics or "no metrics")
     log.info("run record: %s", record_path)

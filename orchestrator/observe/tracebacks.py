@@ -13,8 +13,14 @@ import re
 START = "Traceback (most recent call last):"
 # A Python exception's last line (not indented), as the script trainer reads it too.
 ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
-PEER_GONE = re.compile(r"Connection (reset|closed) by peer|DistBackendError|"
-                       r"NCCL communicator was aborted|remote process exited|Broken pipe")
+# A rank's error that only echoes another rank's death: its collective lost the peer.
+COLLECTIVE_ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+                     "pair.cc", "Socket Timeout", "ProcessGroupGloo", "NCCL communicator")
+
+
+def echoes_a_peer(text: str) -> bool:
+    return any(echo in text for echo in COLLECTIVE_ECHOES)
+
 MOST_HELD = 400  # lines of one unfinished traceback held back before they are shown as they are
 
 
@@ -47,7 +53,7 @@ class ConsoleTracebacks:
     def _close(self) -> list[str]:
         block, self._held = self._held, []
         last = block[-1]
-        if not PEER_GONE.search(last):
+        if not echoes_a_peer(last):
             return block
         return [f"{last}  ({len(block) - 1} lines of its traceback, a peer rank gone, are "
                 "in this rank's log)"]

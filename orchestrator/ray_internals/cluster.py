@@ -36,6 +36,24 @@ def use_token_auth_if_available() -> None:
     auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
+# The module whose logger prints "Token authentication is enabled for this Ray cluster. Set
+# RAY_AUTH_MODE=disabled to opt out" when a driver starts Ray with a token and no mode set.
+TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+TOKEN_NOTICE = "Token authentication is enabled"
+
+
+class NoTokenAuthNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return TOKEN_NOTICE not in record.getMessage()
+
+
+def without_token_auth_notice() -> None:
+    """A quiet console (correctness of what users read, not speed): a sweep's Ray prints the
+    notice above as it starts, where a plain command's quiet Ray loggers do not; the sweep's
+    dashboard line already says how to sign in with the token."""
+    logging.getLogger(TOKEN_NOTICE_LOGGER).addFilter(NoTokenAuthNotice())
+
+
 def token_auth_enabled() -> bool:
     from ray._private.authentication.authentication_utils import is_token_auth_enabled
 

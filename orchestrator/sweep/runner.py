@@ -42,17 +42,6 @@ class NoTunerRestoreAdvice(logging.Filter):
 
 TUNE_LOGGER = "ray.tune.tune"
 
-
-class NoTokenAuthNotice(logging.Filter):
-    """Ray's "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled
-    to opt out" as a sweep's Ray starts: a plain command does not print it (its Ray loggers
-    are quiet), and the sweep's dashboard line says how to sign in with the token."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Token authentication is enabled" not in record.getMessage()
-
-
-AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 TUNE_DIR = "tune"
 
 
@@ -184,7 +173,9 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
         log.warning("hydra.sweeper.search=%s draws hydra.sweeper.num_samples=1 trial: set "
                     "num_samples to the trials you want", conf.search)
 
-    logging.getLogger(AUTH_LOGGER).addFilter(NoTokenAuthNotice())
+    from orchestrator.ray_internals.cluster import without_token_auth_notice
+
+    without_token_auth_notice()
     with sweep_session(config, cluster, space) as session:
         if session.dashboard_url:
             log.info("Ray dashboard: %s (%s)", session.dashboard_url,

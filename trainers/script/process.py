@@ -6,13 +6,13 @@ import collections
 import ctypes
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from orchestrator.observe.tracebacks import ERROR_LINE  # an exception's last line
 from trainers.script.command import is_python
 
 PR_SET_PDEATHSIG = 1
@@ -107,8 +107,6 @@ class ScriptProcess:
         return f"rank {self.rank}'s script {how}" + (f": {tail[:300]}" if tail else "")
 
 
-# A Python exception's last line (``torch.distributed.DistBackendError: ...``, ``KeyboardInterrupt``)
-ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 
 
 def error_file_message(path: Path) -> str | None:
