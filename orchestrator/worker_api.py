@@ -458,11 +458,14 @@ class WorkerContext:
                                                             time.time())
 
     # -- data and evaluation -------------------------------------------------------------
-    def batches(self, num_rows: int, global_batch: int) -> Batches:
+    def batches(self, num_rows: int, global_batch: int,
+                replica: tuple[int, int] | None = None) -> Batches:
         """The deterministic order of the rows, in global batches of ``global_batch`` (the
-        same at any world size), and this rank's share; checkpoints record its position."""
-        self._batches = Batches(DataOrder(self.seed, num_rows, global_batch), self.rank,
-                                self.world_size)
+        same at any world size), and this rank's share; checkpoints record its position.
+        ``replica``: (this rank's replica, the number of replicas) where several ranks hold
+        parts of one model (pipeline or tensor parallel) and read the same rows."""
+        index, count = replica or (self.rank, self.world_size)
+        self._batches = Batches(DataOrder(self.seed, num_rows, global_batch), index, count)
         self._check_data_position(num_rows, global_batch)
         return self._batches
 
@@ -471,9 +474,11 @@ class WorkerContext:
         """data=parquet is streamed (data.stream): read it with stream(), not dataset()."""
         return self._spec.stream is not None
 
-    def stream(self, global_batch: int) -> StreamedBatches:
+    def stream(self, global_batch: int,
+               replica: tuple[int, int] | None = None) -> StreamedBatches:
         """Streamed parquet data in global batches of ``global_batch``: this rank reads only
-        its share (its virtual shards' row groups); checkpoints record the position."""
+        its share (its virtual shards' row groups); checkpoints record the position.
+        ``replica``: as for batches()."""
         plan = self._spec.stream
         if plan is None:
             raise RuntimeError("ctx.stream(): this run's data is not streamed (ctx.streamed)")
@@ -492,7 +497,8 @@ class WorkerContext:
                  "files": len(plan.manifest.files), "row_groups": len(plan.manifest.groups),
                  "bytes": plan.manifest.bytes, "steps_per_epoch": order.steps_per_epoch}
         report = partial(self._spec.recorder.data_read.remote, self.rank, facts)
-        self._batches = StreamedBatches(order, plan, self.rank, self.world_size, report)
+        index, count = replica or (self.rank, self.world_size)
+        self._batches = StreamedBatches(order, plan, index, count, report)
         self._check_data_position(order.num_rows, global_batch)
         return self._batches
 

@@ -80,6 +80,14 @@ def test_a_parameter_without_a_gradient_resumes_and_a_ddp_checkpoint_is_one_line
     state2.load(tmp_path, torch.device("cpu"))
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
         assert torch.equal(a.full_tensor(), b.full_tensor()), name
+    # trainer.parallel=ddp resumes sharded state (FSDP's, a pipeline's) whole on each rank
+    plain = WithPooler()
+    plain_optimizer = torch.optim.AdamW(plain.parameters(), lr=0.1)
+    TrainingState(plain, plain_optimizer, None, Precision("32", torch.device("cpu")), 0,
+                  sharded=False).load(tmp_path, torch.device("cpu"))
+    for (name, a), b in zip(model.state_dict().items(), plain.state_dict().values(), strict=True):
+        assert torch.equal(a.full_tensor(), b), name
+    assert plain_optimizer.state_dict()["state"][0]["step"] == 2
     train(model, optimizer, 1)
     train(again, optimizer2, 1)  # the same update from the restored optimizer state
     assert all(torch.equal(a.full_tensor(), b.full_tensor())

@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from orchestrator.errors import ConfigError, cause_of, one_line
 from trainers.pytorch.config import NotFound, given, locate
 from trainers.pytorch.data import collate_function, to_device
+from trainers.pytorch.mesh import check_layout, model_parallel
 from trainers.pytorch.parts import (
     Step,
     build_model,
@@ -136,10 +137,14 @@ def trial(cfg: dict) -> list[str] | None:
     check_targets(cfg)
     # A model meant to be too large for one worker (trainer.fsdp.meta_init) is tried on the
     # meta device: shapes and types, no memory.
-    meta = tcfg.get("parallel") == "fsdp" and (tcfg.get("fsdp") or {}).get("meta_init")
+    # So is a model cut into stages or split over workers (trainer.pipeline/tensor).
+    meta = (tcfg.get("parallel") == "fsdp" and (tcfg.get("fsdp") or {}).get("meta_init")) or \
+        model_parallel(tcfg)
     device = torch.device("meta" if meta else "cpu")
     with named("trainer.model", "building it: "), device:
         model = build_model(tcfg)
+    if model_parallel(tcfg):
+        check_layout(model, tcfg)
     if tcfg.get("parallel") == "fsdp":
         check_fsdp_blocks(model, list((tcfg.get("fsdp") or {}).get("blocks") or []))
     with named("trainer.step_fn" if given(tcfg.get("step_fn")) else "trainer.loss", "building it: "):

@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator.config.rules import require
 from orchestrator.config.schema import TrainerConfig
+from orchestrator.errors import ConfigError
 
 PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
 
@@ -51,6 +52,8 @@ def given(node: dict | None) -> bool:
     """An optional part is given when its node names a _target_ (``_target_: null``: the default)."""
     return bool(node) and node.get("_target_") is not None
 PARALLEL = ("ddp", "fsdp")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+TENSOR_STYLES = ("colwise", "rowwise")
 METRICS = ("accuracy", "loss", "perplexity", "mse", "r2")
 
 
@@ -73,6 +76,44 @@ class FSDPConfig:
     # background); false: the step waits for the write to disk, and no copy is made. The
     # last checkpoint and a preemption's are always written directly (nothing to overlap).
     async_save: bool = True
+
+
+@dataclass
+class PipelineConfig:
+    """trainer.pipeline: the model cut into ``degree`` stages on different workers, run over
+    micro-batches (torch.distributed.pipelining); trainers/pytorch/mesh.py."""
+
+    degree: int = 1  # pipeline stages (SageMaker's pipeline_parallel_degree); 1: no pipeline
+    # Layer names where a stage starts (e.g. [blocks.4]); empty: the blocks cut evenly
+    split_at: list[str] = field(default_factory=list)
+    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b (2 stages a worker; nccl only)
+    microbatches: int = 4  # each replica's batch cut into this many pipeline micro-batches
+
+    def check(self) -> None:
+        require(self.degree >= 1, "trainer.pipeline.degree", self.degree, "an integer >= 1")
+        require(self.schedule in SCHEDULES, "trainer.pipeline.schedule", self.schedule,
+                "one of " + ", ".join(SCHEDULES))
+        require(self.microbatches >= 1, "trainer.pipeline.microbatches", self.microbatches,
+                "an integer >= 1")
+        require(all(isinstance(n, str) and n for n in self.split_at), "trainer.pipeline.split_at",
+                self.split_at, "a list of layer names (e.g. [blocks.4])")
+
+
+@dataclass
+class TensorConfig:
+    """trainer.tensor: single layers split over ``degree`` workers (DTensor's
+    parallelize_module): a Linear's output columns (colwise) or input rows (rowwise)."""
+
+    degree: int = 1  # tensor-parallel degree; 1: none
+    # {module name or pattern (blocks.*.attn.q): colwise | rowwise}; null: the model's
+    # tensor_plan() method
+    plan: dict[str, str] | None = None
+
+    def check(self) -> None:
+        require(self.degree >= 1, "trainer.tensor.degree", self.degree, "an integer >= 1")
+        for name, style in (self.plan or {}).items():
+            require(style in TENSOR_STYLES, f"trainer.tensor.plan.{name}", style,
+                    "colwise or rowwise")
 
 
 @dataclass
@@ -102,6 +143,8 @@ class PyTorchConfig(TrainerConfig):
     epochs: int = 10
     max_steps: int | None = None  # stop earlier than epochs * steps_per_epoch
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    tensor: TensorConfig = field(default_factory=TensorConfig)
     # Return freed tensor memory of 1 MiB blocks and more to the OS at once (lower, flat peak
     # host memory; ~30% slower steps on CPU). null: on for parallel=fsdp on CPU, else off.
     release_host_memory: bool | None = None
@@ -120,6 +163,8 @@ class PyTorchConfig(TrainerConfig):
         require(self.epochs >= 1, "trainer.epochs", self.epochs, "an integer >= 1")
         if self.max_steps is not None:
             require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "null or an integer >= 1")
+        self.pipeline.check()
+        self.tensor.check()
         for key in ("model", "optimizer"):
             require(given(getattr(self, key)), f"trainer.{key}._target_", None,
                     "the import path of a class or function")
@@ -127,3 +172,31 @@ class PyTorchConfig(TrainerConfig):
             ok = metric in METRICS or (isinstance(metric, dict) and "_target_" in metric)
             require(ok, "trainer.metrics", metric,
                     "a list of " + ", ".join(METRICS) + " or {_target_: your fn(output, target)}")
+
+
+def check_world(trainer: dict, cluster: dict, given: set) -> dict:
+    """trainer.pipeline.degree x trainer.tensor.degree against the worker counts, and each
+    replica's batch against the pipeline's micro-batches (the cluster hook of the training
+    function: before the config is typed, without torch). Sets nothing."""
+    pipeline, tensor = trainer.get("pipeline") or {}, trainer.get("tensor") or {}
+    p, t = int(pipeline.get("degree") or 1), int(tensor.get("degree") or 1)
+    if p * t == 1:
+        return {}
+    sizes = {"cluster.workers": cluster.get("workers")}
+    if cluster.get("min_workers") is not None:
+        sizes["cluster.min_workers"] = cluster["min_workers"]
+    for key, n in sizes.items():
+        if not isinstance(n, int) or n < 1:
+            continue  # the schema says what is wrong with it
+        require(n % (p * t) == 0, key, n, f"a multiple of trainer.pipeline.degree={p} x "
+                f"trainer.tensor.degree={t} ({p * t}): the workers are laid out as stages x "
+                "tensor shards x data-parallel replicas")
+        m, batch = int(pipeline.get("microbatches") or 1), int(trainer.get("batch_size") or 1)
+        d = n // (p * t)
+        if p > 1 and batch % (d * m):
+            raise ConfigError(
+                f"trainer.pipeline.microbatches={m} does not divide each replica's batch: "
+                f"trainer.batch_size={batch} over {d} data-parallel replica{'s' if d > 1 else ''} "
+                f"({key}={n} / {p * t}) is {batch / d:g} rows; a trainer.batch_size that is a "
+                f"multiple of {d * m}")
+    return {}

@@ -36,6 +36,7 @@ from trainers.pytorch.data import (
 )
 from trainers.pytorch.finite_loss import LossWatch
 from trainers.pytorch.host_memory import release_freed_memory, wanted
+from trainers.pytorch.mesh import model_parallel
 from trainers.pytorch.parallel import materialize, no_sync, parallelize
 from trainers.pytorch.parts import (
     Step,
@@ -73,6 +74,10 @@ def datasets(ctx: WorkerContext, dcfg: dict):
 
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     tcfg, dcfg = cfg["trainer"], cfg["data"]
+    if model_parallel(tcfg):
+        from trainers.pytorch.mesh_loop import main as on_a_mesh
+
+        return on_a_mesh(ctx, cfg)
     task = dcfg.get("task") or "classification"
     device = ray.train.torch.get_device()
     if wanted(tcfg.get("release_host_memory"), tcfg["parallel"], device.type):
@@ -164,18 +169,22 @@ class Evaluation:
 
     def __init__(self, ctx: WorkerContext, module, step_fn: Step, dataset, collate, names,
                  precision: Precision, batch_size: int, workers: int, device: torch.device,
-                 streamed=None):
+                 streamed=None, replica: tuple[int, int] | None = None, group=None):
         self.ctx, self.module, self.step_fn, self.dataset = ctx, module, step_fn, dataset
         self.collate, self.names, self.precision = collate, names, precision
         self.batch_size, self.workers, self.device = batch_size, workers, device
         self.streamed = streamed  # StreamedBatches: held-out rows read from this rank's share
+        # Tensor parallel: the ranks of one replica evaluate the same rows; the sums are added
+        # over the replicas (``group``), not over every rank.
+        self.replica = replica or (ctx.rank, ctx.world_size)
+        self.group = group
 
     def batches(self):
         """(batch, weight, items) of this rank's held-out rows."""
         if self.streamed is not None:
             return ((tuple(map(torch.from_numpy, (x, y))), w, len(y))
                     for x, y, w in self.streamed.eval_batches(self.batch_size))
-        shards = eval_shards(len(self.dataset), self.ctx.rank, self.ctx.world_size, self.batch_size)
+        shards = eval_shards(len(self.dataset), *self.replica, self.batch_size)
         batches = loader(self.dataset, [s.rows.tolist() for s in shards], self.collate,
                          self.workers, self.device, self.ctx.seed)
         return ((batch, shard.weight, len(shard.rows))
@@ -191,5 +200,5 @@ class Evaluation:
                 self.step_fn.measure(self.module, to_device(batch, self.device), sums, weight,
                                      items)
         self.module.train(training)
-        distributed = self.ctx.world_size > 1 and dist.is_initialized()
-        return sums.reduce(dist.all_reduce if distributed else None)
+        distributed = self.replica[1] > 1 and dist.is_initialized()
+        return sums.reduce(partial(dist.all_reduce, group=self.group) if distributed else None)

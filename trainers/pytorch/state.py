@@ -123,13 +123,15 @@ class TrainingState:
     def files(self) -> list[str]:
         """What ``load`` reads first (ctx.restore's files): DDP's replicated state, or DCP's
         metadata, from which the shards this rank's part lies in are chosen (``fetch``)."""
-        return ["training_state.pt", *(["dcp/*.metadata"] if self.sharded
-                                       else ["model.pt", "optimizer.pt"])]
+        return ["training_state.pt", "dcp/*.metadata",
+                *([] if self.sharded else ["model.pt", "optimizer.pt"])]
 
     def load(self, folder: Path, device: torch.device,
              fetch: Callable[[list[str]], object] | None = None) -> None:
         """``fetch(names)`` (ctx.restore) is asked for the other files the load needs."""
-        if self.sharded:
+        if self.sharded or (not (folder / "model.pt").is_file() and (folder / "dcp").is_dir()):
+            # DDP from sharded state too: a pipeline or tensor parallel run resumed at
+            # pipeline and tensor degree 1 (DCP gathers the whole model on each rank)
             self._load_shards(folder, fetch)
         else:
             if not (folder / "model.pt").is_file():

@@ -10,7 +10,7 @@ once the keys are right) and by the loop (trainers/pytorch/loop.py), on the work
 from __future__ import annotations
 
 from orchestrator.worker_api import WorkerContext, training_function
-from trainers.pytorch.config import PyTorchConfig
+from trainers.pytorch.config import PyTorchConfig, check_world
 
 
 def check_parts(cfg: dict) -> list[str] | None:
@@ -28,7 +28,7 @@ WARM_IMPORTS = ("ray.train.torch", "trainers.pytorch.dynamo_stand_in:install")
 
 
 @training_function(config=PyTorchConfig, check=check_parts, streams=True,
-                   warm_imports=WARM_IMPORTS)
+                   warm_imports=WARM_IMPORTS, cluster=check_world)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     from trainers.pytorch.dynamo_stand_in import install
     from trainers.pytorch.loop import main as loop
