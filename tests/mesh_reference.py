@@ -37,6 +37,29 @@ def digits_mlp(steps: int, seed: int = 0, batch: int = 64, lr: float = 0.1) -> d
     return model.state_dict()
 
 
+def char_lm(steps: int, seed: int = 0, batch: int = 32, lr: float = 0.1, **model) -> dict:
+    """The char LM example's job with SGD (momentum 0.9, weight decay 0.01), gradient
+    clipping at 1.0. (Not its AdamW: Adam scales every update to about lr, so a gradient
+    that is float noise, a key bias's, moves by lr whatever its rounding.)"""
+    from charlm.data import SourceBytes
+    from charlm.model import TinyGPT
+    from torch.utils.data import default_collate
+
+    from trainers.pytorch.tasks import token_cross_entropy
+
+    data = SourceBytes(split="train", seq_len=model.get("seq_len", 64))
+    net = initialized(lambda: TinyGPT(**model), seed)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, weight_decay=0.01)
+    order = DataOrder(seed, len(data), batch)
+    for step in range(steps):
+        x, y = default_collate([data[int(i)] for i in order.global_batch_rows(step)])
+        optimizer.zero_grad()
+        token_cross_entropy(net(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer.step()
+    return net.state_dict()
+
+
 def sharded_model_at(storage: Path, run: str, cache: Path, step: int | None = None) -> dict:
     """The whole model of a run's DCP checkpoint (its newest, or ``step``'s)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save

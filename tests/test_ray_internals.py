@@ -1338,3 +1338,28 @@ def test_a_dashboard_that_did_not_start_is_said_with_its_logs_last_line_and_wher
                                          "/tmp/ray/s/logs/dashboard.log")
     plain = RuntimeError("Failed to start the dashboard, return code 1\nmore")
     assert dashboard_failure(plain) == "RuntimeError: Failed to start the dashboard, return code 1"
+
+
+def test_an_elastic_model_parallel_run_is_sized_in_whole_model_copies():
+    """elastic_in_multiples: Ray Train's elastic policy, handed to the controller by fit(), is
+    swapped for one that rounds the workers the cluster has room for down to a multiple of a
+    model copy's (trainer.pipeline.degree x trainer.tensor.degree): 7 CPUs of room make 4
+    workers of a P=2 x T=2 job, not 7, and 3 make none (below min_workers: Ray waits)."""
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy import create_scaling_policy
+    from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
+
+    from orchestrator.ray_internals.train_hooks import elastic_in_multiples
+
+    trainer, given = real_trainer(), {}
+    trainer._initialize_and_run_controller = lambda **kwargs: given.update(kwargs)
+    elastic_in_multiples(trainer, 4)
+    policy = create_scaling_policy(ScalingConfig(num_workers=(4, 8), resources_per_worker={"CPU": 1}))
+    assert type(policy) is ElasticScalingPolicy
+    trainer._initialize_and_run_controller(scaling_policy=policy)
+    swapped = given["scaling_policy"]
+    assert isinstance(swapped, ElasticScalingPolicy) and swapped is not policy
+    assert policy._count_possible_workers({"a": {"CPU": 5.0}, "b": {"CPU": 2.0}}) == 7
+    assert swapped._count_possible_workers({"a": {"CPU": 5.0}, "b": {"CPU": 2.0}}) == 4
+    assert swapped._count_possible_workers({"a": {"CPU": 16.0}}) == 8
+    assert swapped._count_possible_workers({"a": {"CPU": 3.0}}) == 0

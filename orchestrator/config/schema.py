@@ -34,6 +34,9 @@ class ClusterConfig:
     dashboard: bool = True
     dashboard_port: int = 8265
     resize_check_s: float = 60.0  # how often an elastic job looks for room to grow
+    # The number of workers is always a multiple of this: the workers that hold one copy of
+    # a model cut into stages or split (trainer.pipeline.degree x trainer.tensor.degree set it)
+    workers_multiple_of: int = 1
     # How a job's workers are placed: PACK (as few nodes as fit: fast collectives) or SPREAD
     # (over as many nodes as there are: a lost node takes fewer workers with it).
     placement: str = "PACK"
@@ -74,6 +77,13 @@ class ClusterConfig:
                 f"a number of seconds from 0 (no service) to {KEEP_ALIVE_MAX_S} (30 days)")
         require(self.resize_check_s > 0, "cluster.resize_check_s", self.resize_check_s,
                 "a number of seconds > 0")
+        require(self.workers_multiple_of >= 1, "cluster.workers_multiple_of",
+                self.workers_multiple_of, "an integer >= 1")
+        for key in ("workers", "min_workers"):
+            value = getattr(self, key)
+            if value is not None:
+                require(value % self.workers_multiple_of == 0, f"cluster.{key}", value,
+                        f"a multiple of cluster.workers_multiple_of={self.workers_multiple_of}")
         require(self.placement in PLACEMENTS, "cluster.placement", self.placement,
                 "one of " + ", ".join(PLACEMENTS))
         if self.address is not None:

@@ -43,6 +43,7 @@ from orchestrator.observe.progress import ProgressWatcher, make_display, metric_
 from orchestrator.observe.tracebacks import echoes_a_peer
 from orchestrator.ray_internals.head_start import dashboard_may_start
 from orchestrator.ray_internals.train_hooks import (
+    elastic_in_multiples,
     hooks_missing,
     interrupted_by_ctrl_c,
     with_barrier_in_controller,
@@ -279,6 +280,8 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
         without_autoscaling_requests(ray_trainer)
         if not session.outlives_run:  # one node, a job that ends with the run
             with_workers_started_ahead(ray_trainer, barrier_in_controller)
+    if cfg.cluster.elastic and cfg.cluster.workers_multiple_of > 1:
+        elastic_in_multiples(ray_trainer, cfg.cluster.workers_multiple_of)
     with_permanent_errors_raised(ray_trainer, recorder)
     controller = interrupted_by_ctrl_c(ray_trainer)
     for problem in hooks_missing(ray_trainer):  # after a Ray upgrade (ray_internals/)

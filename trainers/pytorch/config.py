@@ -177,7 +177,8 @@ class PyTorchConfig(TrainerConfig):
 def check_world(trainer: dict, cluster: dict, given: set) -> dict:
     """trainer.pipeline.degree x trainer.tensor.degree against the worker counts, and each
     replica's batch against the pipeline's micro-batches (the cluster hook of the training
-    function: before the config is typed, without torch). Sets nothing."""
+    function: before the config is typed, without torch). Sets cluster.workers_multiple_of:
+    an elastic job shrinks and grows by whole model copies."""
     pipeline, tensor = trainer.get("pipeline") or {}, trainer.get("tensor") or {}
     p, t = int(pipeline.get("degree") or 1), int(tensor.get("degree") or 1)
     if p * t == 1:
@@ -199,4 +200,4 @@ def check_world(trainer: dict, cluster: dict, given: set) -> dict:
                 f"trainer.batch_size={batch} over {d} data-parallel replica{'s' if d > 1 else ''} "
                 f"({key}={n} / {p * t}) is {batch / d:g} rows; a trainer.batch_size that is a "
                 f"multiple of {d * m}")
-    return {}
+    return {"workers_multiple_of": p * t}

@@ -143,7 +143,8 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     optimizer = build_optimizer(tcfg, held.parameters())
     scheduler = build_scheduler(tcfg, optimizer)
     precision = Precision(tcfg["precision"], device)
-    state = TrainingState(held, optimizer, scheduler, precision, ctx.rank, sharded=True)
+    state = TrainingState(held, optimizer, scheduler, precision, ctx.rank, sharded=True,
+                          flat_optimizer=True)
     if (path := ctx.restore(state.files())) is not None:
         state.load(path, device, ctx.restore)
 

@@ -72,9 +72,13 @@ def plain_future(future: Future) -> Future:
 
 class TrainingState:
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
-                 precision: Precision, rank: int, sharded: bool):
+                 precision: Precision, rank: int, sharded: bool, flat_optimizer: bool = False):
         self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
         self.precision, self.rank, self.sharded = precision, rank, sharded
+        # Optimizer settings kept per parameter name (param_groups.<name>.lr), not per group:
+        # pipeline stages hold different parameters in their one group, and a group's list of
+        # names, the same key on every stage, would be saved from one stage only.
+        self.flat_optimizer = flat_optimizer
         self._writing: Future | None = None  # the previous sharded save, still being written
         self._group = None  # the sharded saves' own process group, made at the first one
 
@@ -101,12 +105,14 @@ class TrainingState:
     def _write_shards(self, folder: Path, background: bool) -> Future | None:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         if self._writing is not None:  # one save's collectives at a time on the group
             wait([self._writing])  # its failure is the committer's to report
             self._writing = None
-        model, optimizer = get_state_dict(self.module, self.optimizer)
+        model, optimizer = get_state_dict(self.module, self.optimizer,
+                                          options=StateDictOptions(
+                                              flatten_optimizer_state_dict=self.flat_optimizer))
         state = {"model": model, "optimizer": optimizer}
         # No fsync: the folder is only staging for the upload.
         writer = dcp.FileSystemWriter(folder / "dcp", sync_files=False)
@@ -161,16 +167,26 @@ class TrainingState:
         if not (folder / "dcp").is_dir():
             raise OtherParallelMode(f"{folder} holds no sharded state (dcp/): it was written by "
                                     "trainer.parallel=ddp; resume it with the same parallel mode")
-        model, optimizer = get_state_dict(self.module, self.optimizer)
+        saved = read_metadata_file(folder / "dcp" / ".metadata").state_dict_metadata
+        # Written flat (a pipeline's: settings per parameter) or by groups (FSDP's), read so.
+        flat = StateDictOptions(flatten_optimizer_state_dict=not any(
+            key.startswith("optimizer.param_groups.") and key.endswith(".params") for key in saved))
+        model, optimizer = get_state_dict(self.module, self.optimizer, options=flat)
         state = {"model": model, "optimizer": optimizer}
         # A parameter that never had a gradient (a head the forward does not call) has no
         # optimizer state in the checkpoint, but the fresh optimizer's state dict lists it:
         # asked for, DCP would refuse the whole load. It starts with no state, as it trained.
-        saved = read_metadata_file(folder / "dcp" / ".metadata").state_dict_metadata
-        never_stepped = [name for name in state["optimizer"].get("state", {})
-                         if not any(key.startswith(f"optimizer.state.{name}.") for key in saved)]
-        for name in never_stepped:
-            del state["optimizer"]["state"][name]
+        if flat.flatten_optimizer_state_dict:
+            unsaved = [key for key in state["optimizer"] if f"optimizer.{key}" not in saved]
+            never_stepped = sorted({key.split(".", 1)[1].rsplit(".", 1)[0] for key in unsaved
+                                    if key.startswith("state.")})
+            for key in unsaved:
+                del state["optimizer"][key]
+        else:
+            never_stepped = [name for name in state["optimizer"].get("state", {})
+                             if not any(key.startswith(f"optimizer.state.{name}.") for key in saved)]
+            for name in never_stepped:
+                del state["optimizer"]["state"][name]
         # This rank's shards, at any world size; read as data only (the folder may be anyone's).
         with plain_errors():
             load_sharded(state, folder / "dcp",
@@ -178,7 +194,9 @@ class TrainingState:
         # strict=False only for those: DCP's load has already refused any other missing key
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(strict=not never_stepped))
+                       options=StateDictOptions(
+                           strict=not never_stepped,
+                           flatten_optimizer_state_dict=flat.flatten_optimizer_state_dict))
         parameters = dict(self.module.named_parameters())
         for name in never_stepped:
             self.optimizer.state.pop(parameters.get(name), None)
