@@ -118,10 +118,10 @@ def read_record(run_dir) -> dict:
 _started: list[subprocess.Popen] = []
 
 
-def start_run(run_dir, *overrides, cwd=REPO, env=None) -> subprocess.Popen:
+def start_run(run_dir, *overrides, cwd=REPO, env=None, flags: tuple[str, ...] = ()) -> subprocess.Popen:
     """The command, running: a test acts on it (kills, preempts) while it goes. Whatever the
     test leaves running is stopped when it ends (stop_started_runs)."""
-    proc = subprocess.Popen(cli_command(run_dir, *overrides), cwd=cwd, env=cli_env(env),
+    proc = subprocess.Popen(cli_command(run_dir, *overrides, flags=flags), cwd=cwd, env=cli_env(env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _started.append(proc)
     return proc

@@ -43,6 +43,7 @@ from trainers.pytorch.mesh import (
     parallelize_tensors,
     tensor_plan,
 )
+from trainers.pytorch.parallel import shard
 from trainers.pytorch.parts import (
     build_model,
     build_optimizer,
@@ -137,6 +138,12 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     materialize(held, layers, device, ctx.seed)
     if degree.tensor > 1:
         parallelize_tensors(held, tensor_plan(whole, tcfg), mesh["tp"])
+    # trainer.parallel=fsdp: each stage sharded over the replicas (the stages run their own
+    # forwards, so each is a unit of its own); ddp: one all-reduce of the gradients a step.
+    sharded_replicas = tcfg.get("parallel") == "fsdp" and degree.data > 1
+    if sharded_replicas:
+        for module in stage_modules or [held]:
+            shard(module, tcfg.get("fsdp") or {}, "32", mesh["dp"], summed=True)
     del whole
     parameters = [p for p in held.parameters() if p.requires_grad]
     step_fn = build_step(tcfg, task)
@@ -196,7 +203,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
             (loss * (n * micro.weight / step_rows)).backward()
             if micro.weight:
                 loss_sum, rows = loss_sum + loss.detach().double() * n, rows + n
-        if dp_group is not None:
+        if dp_group is not None and not sharded_replicas:
             reduce_gradients(parameters, dp_group)
         if tcfg.get("grad_clip"):
             clip_gradients(parameters, float(tcfg["grad_clip"]), pp_group)

@@ -31,7 +31,10 @@ def blocks(module: nn.Module, names: list[str]) -> list[nn.Module]:
     return [m for m in module.modules() if m is not module and chosen(m)]
 
 
-def shard(module: nn.Module, fsdp: dict, precision: str) -> nn.Module:
+def shard(module: nn.Module, fsdp: dict, precision: str, mesh=None, summed: bool = False) -> nn.Module:
+    """``mesh``: the data-parallel axis of a device mesh (pipeline or tensor parallel runs);
+    ``summed``: gradients added over the replicas, not averaged (their loss already weighs
+    each micro-batch by its rows out of the global batch's)."""
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
         MixedPrecisionPolicy,
@@ -48,11 +51,16 @@ def shard(module: nn.Module, fsdp: dict, precision: str) -> nn.Module:
                # pinned host memory needs an accelerator: not pinned on a CPU-only worker
                "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
                if fsdp.get("cpu_offload") else OffloadPolicy()}
+    if mesh is not None:
+        options["mesh"] = mesh
     # Innermost first: FSDP2 cannot shard a block inside one it has already sharded
     # (a ResBlock holding an MLPBlock).
-    for block in reversed(blocks(module, list(fsdp.get("blocks") or []))):
-        fully_shard(block, **options)
-    fully_shard(module, **options)
+    units = [*reversed(blocks(module, list(fsdp.get("blocks") or []))), module]
+    for unit in units:
+        fully_shard(unit, **options)
+        if summed:  # a plain sum: gloo has no pre-multiplied sum
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)
     return module
 
 
