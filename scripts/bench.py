@@ -17,6 +17,8 @@ Benchmarks (scripts/benchmarks/*.py; baselines in scripts/baselines/, each runna
   shuffle_window  streamed digits (a window shuffle) vs held in memory (a full shuffle): accuracy
   script_vs_torchrun  a user's torchrun script under trainer=script vs plain torchrun: wall
                   time, the same final weights
+  pipeline        peak RSS per worker, pipeline P=4 vs DDP and FSDP at 4 workers (~202M
+                  parameters); the pipeline bubble of GPipe and 1F1B at M=4 and 8 vs the ideal
 
 Every comparison runs its sides in the same run, interleaved (A B, then B A, ...), and reports
 ratios of medians: the machine is shared and noisy, absolute times mean little. The load
@@ -43,7 +45,8 @@ from scripts.benchmarks.common import loadavg, progress  # noqa: E402
 from scripts.benchmarks.report import markdown  # noqa: E402
 
 BENCHMARKS = ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory", "lm_throughput",
-              "fsdp_memory", "fsdp_checkpoint", "data_scale", "shuffle_window", "script_vs_torchrun")
+              "fsdp_memory", "fsdp_checkpoint", "data_scale", "shuffle_window", "script_vs_torchrun",
+              "pipeline")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -95,6 +98,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--lm-threads", type=int, default=2, help="both sides' torch threads")
     g.add_argument("--fsdp-steps", type=int, default=3,
                    help="steps of the ~101M-parameter runs (checkpoints: every N of 4N steps)")
+    g.add_argument("--pipeline-layers", type=int, default=16,
+                   help="pipeline's memory model: blocks of width 1024 (16: ~202M parameters)")
+    g.add_argument("--pipeline-steps", type=int, default=20,
+                   help="pipeline's bubble runs: steps of the 8-block model")
     g.add_argument("--fsdp-layers", type=int, default=8,
                    help="fsdp_memory's blocks of width 1024 (8: ~101M parameters, 16: ~202M)")
     g.add_argument("--data-gib", default="1,8", help="data_scale's dataset sizes on disk")

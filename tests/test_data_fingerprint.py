@@ -57,6 +57,9 @@ def test_how_long_a_run_trains_is_not_what_it_is():
     longer_run = {**trainer, "epochs": 20, "max_steps": 500}
     assert derive_run_name(trainer, data, 0) == derive_run_name(longer_run, data, 0)
     assert derive_run_name(trainer, data, 0) != derive_run_name({**trainer, "lr": 0.2}, data, 0)
+    # The model's layout over the workers is not what the run trains, as the cluster's size
+    laid_out = {**trainer, "pipeline": {"degree": 2}, "tensor": {"degree": 2}}
+    assert derive_run_name(trainer, data, 0) == derive_run_name(laid_out, data, 0)
     assert flat(run_identity(trainer, {**data, "on_change": "restart"}, 0)) == {
         "trainer.name": "ddp", "trainer.lr": 0.1, "trainer.model.h": [8], "data.name": "digits",
         "seed": 0}

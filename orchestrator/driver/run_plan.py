@@ -54,18 +54,23 @@ NOT_THE_RUNS_DATA = ("on_change", "num_workers", "max_row_group_mb")
 # trainer keys that say how long to train, not what: growing one continues the same run.
 LENGTH_KEYS = ("epochs", "max_steps", "num_boost_round", "steps", "num_epochs", "max_epochs",
                "total_steps")
+# trainer keys that say how the model is laid out over the workers, as the cluster's size
+# does (pipeline and tensor parallel degrees): a run resumes at others.
+LAYOUT_KEYS = ("pipeline", "tensor")
 FINISHED = "finished.json"  # beside a run's checkpoints, written when the run succeeded
 
 
 def run_identity(trainer: dict, data: dict, seed: int) -> dict:
     """What makes a run this run: its trainer but for how long it trains, its data but for
-    how it is read, its seed. The cluster is left out: a run may resume at another size."""
+    how it is read, its seed. The cluster and the model's layout over it are left out: a run
+    may resume at another size and other degrees."""
     data = {k: v for k, v in data.items() if k not in NOT_THE_RUNS_DATA}
     for key, source in (("path", "source"), ("eval_path", "eval_source")):
         if data.get(source):  # a CSV's parquet copy: the data is what the user named
             data[key] = data[source]
         data.pop(source, None)
-    return {"trainer": {k: v for k, v in trainer.items() if k not in LENGTH_KEYS},
+    return {"trainer": {k: v for k, v in trainer.items()
+                        if k not in LENGTH_KEYS and k not in LAYOUT_KEYS},
             "data": data, "seed": seed}
 
 

@@ -14,5 +14,9 @@ class SmallCNN(nn.Module):
         self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout),
                                   nn.Linear(2 * channels * 16, classes))
 
+    def pipeline_layers(self) -> list[str]:
+        """Its forward as a chain (trainer.pipeline.degree=2: the convolutions, then the head)."""
+        return ["features", "head"]
+
     def forward(self, images):
         return self.head(self.features(images))
