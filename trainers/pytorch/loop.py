@@ -105,11 +105,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     plan = StepPlan(batches, ctx.world_size, tcfg.get("micro_batch_size"))
     ctx.total_steps = total_steps(tcfg, plan.batches.steps_per_epoch)
     workers = int(dcfg.get("num_workers") or 0)
-    if ctx.streamed:
-        feed = streamed_feed(batches, plan, ctx.start_step, ctx.total_steps)
-    else:
-        feed = step_batches(train_set, plan, ctx.start_step, ctx.total_steps, collate, workers,
-                            device, partial(step_seed, ctx.seed, rank=EVERY_RANK))
+    feed = training_feed(ctx, plan, train_set, collate, workers, device)
     evaluate = Evaluation(ctx, module, step_fn, eval_set, collate, metric_names(tcfg, task),
                           precision, eval_batch_size(tcfg, ctx.world_size), workers, device,
                           batches if ctx.streamed else None)
@@ -155,6 +151,15 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
             return None
     watch.check()
     return evaluate()
+
+
+def training_feed(ctx: WorkerContext, plan: StepPlan, train_set, collate, workers: int,
+                  device: torch.device):
+    """The micro-batches of the steps left to train, in order: streamed, or from the dataset."""
+    if ctx.streamed:
+        return streamed_feed(plan.batches, plan, ctx.start_step, ctx.total_steps)
+    return step_batches(train_set, plan, ctx.start_step, ctx.total_steps, collate, workers,
+                        device, partial(step_seed, ctx.seed, rank=EVERY_RANK))
 
 
 def eval_batch_size(tcfg: dict, world_size: int) -> int:

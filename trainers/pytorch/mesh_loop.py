@@ -18,20 +18,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from orchestrator.data.order import step_seed
 from orchestrator.worker_api import WorkerContext
 from trainers.neural import total_steps
 from trainers.pytorch.data import (
-    EVERY_RANK,
     StepPlan,
     eval_shards,
     loader,
-    step_batches,
-    streamed_feed,
     to_device,
 )
 from trainers.pytorch.finite_loss import LossWatch
-from trainers.pytorch.loop import Evaluation, datasets, eval_batch_size, seed_step
+from trainers.pytorch.loop import (
+    Evaluation,
+    datasets,
+    eval_batch_size,
+    seed_step,
+    training_feed,
+)
 from trainers.pytorch.mesh import (
     Degrees,
     MeshRefused,
@@ -165,11 +167,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         check_even_shares(plan, degree, microbatches)
     ctx.total_steps = total_steps(tcfg, plan.batches.steps_per_epoch)
     workers = int(dcfg.get("num_workers") or 0)
-    if ctx.streamed:
-        feed = streamed_feed(batches, plan, ctx.start_step, ctx.total_steps)
-    else:
-        feed = step_batches(train_set, plan, ctx.start_step, ctx.total_steps, collate, workers,
-                            device, partial(step_seed, ctx.seed, rank=EVERY_RANK))
+    feed = training_feed(ctx, plan, train_set, collate, workers, device)
     step_rows = plan.batches.rows_a_step
     names = metric_names(tcfg, task)
     pipeline = Pipeline(stage_modules, stage_ids, degree, pp_group, device, tcfg, step_fn, task,
