@@ -79,8 +79,8 @@ def test_tensor_parallel_and_a_sharded_pipeline_train_the_lm_as_one_process_does
     """The char LM example's GPT (its forward a chain of layers, its tensor_plan naming the
     attention's and MLP's layers), side by side: its attention heads and MLP split 2 ways over
     2 replicas (T=2 x D=2, DDP), and cut into 2 stages over 2 replicas that shard each stage
-    (P=2 x D=2, trainer.parallel=fsdp): gradient clipping over sharded gradients, weight
-    decay, as one process."""
+    (P=2 x D=2, trainer.parallel=fsdp), with gradient accumulation: gradient clipping over
+    sharded gradients, weight decay, as one process."""
     model = {"dim": 32, "heads": 4, "layers": 2, "seq_len": 64}
     steps = 4
     common = ["+experiment=char_lm", f"cluster.address={ray_head.address}",
@@ -90,8 +90,10 @@ def test_tensor_parallel_and_a_sharded_pipeline_train_the_lm_as_one_process_does
     lm = EXAMPLES / "char_lm"
     runs = {"tp": start_run(tmp_path / "tp", *common, "trainer.tensor.degree=2", "run.name=tp",
                             flags=("-cd", "conf"), cwd=lm),
+            # 16 rows a replica, at most 2 a forward: 2 rounds of 4 pipeline micro-batches
             "pp": start_run(tmp_path / "pp", *common, "trainer.pipeline.degree=2",
-                            "trainer.parallel=fsdp", "run.name=pp", flags=("-cd", "conf"), cwd=lm)}
+                            "trainer.parallel=fsdp", "trainer.micro_batch_size=2", "run.name=pp",
+                            flags=("-cd", "conf"), cwd=lm)}
     results = {name: finish_run(proc, tmp_path / name) for name, proc in runs.items()}
     for result in results.values():
         assert result.returncode == 0, result.output[-4000:]
