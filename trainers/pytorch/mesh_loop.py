@@ -188,6 +188,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         rows = torch.zeros((), dtype=torch.float64, device=device)
+        means: dict = {}  # a step function's own metrics (tensor parallel alone)
         for micro in plan.micro_batches(step):
             batch = to_device(next(feed), device)
             n = len(micro.rows)
@@ -197,10 +198,12 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
                 loss_sum, rows = loss_sum + got, rows + counted
                 continue
             with precision.autocast():
-                loss, _ = step_fn(held, batch)
+                loss, metrics = step_fn(held, batch)
             (loss * (n * micro.weight / step_rows)).backward()
             if micro.weight:
                 loss_sum, rows = loss_sum + loss.detach().double() * n, rows + n
+                for name, value in metrics.items():
+                    means[name] = means.get(name, 0.0) + torch.as_tensor(value).detach() * n
         if dp_group is not None and not sharded_replicas:
             reduce_gradients(parameters, dp_group)
         if tcfg.get("grad_clip"):
@@ -212,7 +215,8 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
             both = torch.stack([loss_sum, rows])
             dist.all_reduce(both, group=pp_group)
             loss_sum, rows = both[0], both[1]
-        reported = {"loss": loss_sum / rows.clamp(min=1)}
+        reported = {"loss": loss_sum / rows.clamp(min=1),
+                    **{k: v / rows.clamp(min=1) for k, v in means.items()}}
         ctx.step_done(step + 1, reported, samples=step_rows)
         if float(rows):
             watch.see(step + 1, reported["loss"])
