@@ -168,8 +168,11 @@ def without_autoscaling_requests(ray_trainer) -> None:
 def elastic_in_multiples(ray_trainer, multiple: int) -> None:
     """An elastic run's worker groups sized in whole multiples of ``multiple`` (a model copy's
     workers): the policy fit() makes is swapped where fit() hands it to the controller. A
-    private hook, for correctness: hooks_missing says so if a Ray upgrade moved it."""
+    private hook, for correctness: where a Ray upgrade moved it, a group of another size is
+    refused by the trainer in one line (trainers/pytorch/mesh.py, MeshRefused)."""
     start = getattr(ray_trainer, "_initialize_and_run_controller", None)
+    if start is None:
+        return
     from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
 
     from orchestrator.ray_internals.scaling import in_multiples
