@@ -36,13 +36,16 @@ def checked(*overrides: str):
 
     from orchestrator.config.typed import to_typed
     from orchestrator.driver.run_plan import complete_data
-    from orchestrator.worker.training_function import size_cluster
+    from orchestrator.worker.training_function import size_cluster, validated
+    from trainers.pytorch.config import PyTorchConfig
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         node = compose("config", overrides=list(overrides))
     size_cluster(node, set())  # the degrees against the worker counts, before typing
     complete_data(node, to_typed(node))
-    return check_parts(OmegaConf.to_container(node, resolve=True))
+    cfg = OmegaConf.to_container(node, resolve=True)
+    cfg["trainer"] = validated(cfg["trainer"], PyTorchConfig)  # the trainer's schema
+    return check_parts(cfg)
 
 
 def refused(*overrides: str) -> str:
@@ -87,6 +90,15 @@ def test_bad_layouts_are_one_line_naming_the_key_before_ray_starts():
         "trainer.tensor.degree=3: blocks.0.attn.q (colwise) has 32 outputs, not divisible by 3")
     assert refused("trainer.pipeline.degree=2", "cluster.workers=2", "trainer.precision=fp16-mixed") \
         .startswith("trainer.precision='fp16-mixed' is not allowed with pipeline")
+    assert refused("trainer.pipeline.degree=2", "cluster.workers=2",
+                   "trainer.pipeline.schedule=zigzag").startswith(
+        "trainer.pipeline.schedule='zigzag' is not allowed: one of gpipe, 1f1b, interleaved_1f1b")
+    assert refused("trainer.pipeline.degree=2", "cluster.workers=2",
+                   "trainer.model._target_=torch.nn.Linear").startswith(
+        "trainer.model: a Linear cannot be cut into pipeline stages: give it a pipeline_layers()")
+    assert refused("trainer.pipeline.degree=2", "cluster.workers=2",
+                   "trainer.step_fn._target_=torch.nn.functional.relu").startswith(
+        "trainer.step_fn is not allowed with trainer.pipeline.degree>1")
 
 
 def test_a_good_layout_passes_the_trial_on_the_meta_device():
