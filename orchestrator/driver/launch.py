@@ -437,8 +437,6 @@ def actor_death(exc: Exception) -> str:
     return " ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(exc).__name__
 
 
-
-
 def describe_failure(exc: Exception) -> str:
     """The failure that says why: a rank that died or raised before one whose collective only
     lost it (rank 1 OOM-killed, rank 0's all-reduce then "Connection reset by peer")."""

@@ -15,7 +15,8 @@ START = "Traceback (most recent call last):"
 ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 # A rank's error that only echoes another rank's death: its collective lost the peer.
 COLLECTIVE_ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
-                     "pair.cc", "Socket Timeout", "ProcessGroupGloo", "NCCL communicator")
+                     "pair.cc", "Socket Timeout", "ProcessGroupGloo", "NCCL communicator",
+                     "DistBackendError", "remote process exited")
 
 
 def echoes_a_peer(text: str) -> bool:

@@ -22,7 +22,15 @@ import argparse
 from pathlib import Path
 
 from scripts.benchmarks.common import Goal, figure, interleave, median, progress, ratio, read_json
-from scripts.benchmarks.fsdp_memory import TINY, above, big, example_cmd, overrides, worker_peak
+from scripts.benchmarks.fsdp_memory import (
+    EXAMPLE,
+    TINY,
+    above,
+    big,
+    example_cmd,
+    overrides,
+    worker_peak,
+)
 from scripts.benchmarks.memory import run_watched
 
 MEMORY_GOAL = Goal("<=", 0.35)
@@ -59,18 +67,12 @@ def bubble_overrides(schedule: str | None, microbatches: int, steps: int) -> lis
 def step_time(work: Path, name: str, extra: list[str]) -> dict:
     run_dir = work / name
     timed, _ = run_watched(example_cmd(run_dir, *extra), work / f"{name}.log",
-                           env={"PYTHONPATH": str(example_dir())}, timeout=900)
+                           env={"PYTHONPATH": str(EXAMPLE)}, timeout=900)
     rec = read_json(run_dir / "run.json")
     rate = rec.get("samples_per_s")
     step_s = BUBBLE_BATCH / rate if rate else None
     progress(f"pipeline {name}: {step_s and round(step_s, 4)} s a step, {timed.wall_s} s")
     return {"step_s": step_s, "wall_s": timed.wall_s, "status": rec.get("status")}
-
-
-def example_dir() -> Path:
-    from scripts.benchmarks.fsdp_memory import EXAMPLE
-
-    return EXAMPLE
 
 
 def bubble_runs(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:

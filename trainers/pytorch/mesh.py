@@ -82,7 +82,8 @@ def layer_names(model: nn.Module) -> list[str]:
         "(e.g. ['embed', 'blocks.0', 'blocks.1', 'ln', 'head']), or make it an nn.Sequential")
 
 
-def stage_bounds(model: nn.Module, names: list[str], stages: int, split_at: list[str]) -> list[int]:
+def stage_bounds(model: nn.Module, names: list[str], stages: int, split_at: list[str],
+                 block_names: list[str] | None = None) -> list[int]:
     """The index in ``names`` where each stage starts (the first is 0)."""
     split_at = [str(n) for n in split_at]  # [4] for an nn.Sequential's fifth layer
     if split_at:
@@ -98,7 +99,7 @@ def stage_bounds(model: nn.Module, names: list[str], stages: int, split_at: list
             raise ConfigError(f"trainer.pipeline.split_at={split_at}: a stage would be empty")
         return starts
     modules = dict(model.named_modules())
-    found = {id(m) for m in blocks(model, [])}
+    found = {id(m) for m in blocks(model, list(block_names or []))}
     at_blocks = [i for i, n in enumerate(names) if id(modules[n]) in found]
     cut_over = at_blocks if len(at_blocks) >= stages else list(range(len(names)))
     if len(cut_over) < stages:
@@ -132,7 +133,8 @@ def cut(model: nn.Module, tcfg: dict, stage: int, stages: int) -> Stage:
     """This stage's layers of ``model`` (built on the meta device)."""
     names = layer_names(model)
     check_layers_cover(model, names)
-    starts = stage_bounds(model, names, stages, list((tcfg.get("pipeline") or {}).get("split_at") or []))
+    starts = stage_bounds(model, names, stages, list((tcfg.get("pipeline") or {}).get("split_at") or []),
+                          (tcfg.get("fsdp") or {}).get("blocks"))
     ends = [*starts[1:], len(names)]
     return Stage(model, names[starts[stage]:ends[stage]])
 

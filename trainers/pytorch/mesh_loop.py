@@ -20,12 +20,7 @@ from torch import nn
 
 from orchestrator.worker_api import WorkerContext
 from trainers.neural import total_steps
-from trainers.pytorch.data import (
-    StepPlan,
-    eval_shards,
-    loader,
-    to_device,
-)
+from trainers.pytorch.data import StepPlan, to_device
 from trainers.pytorch.finite_loss import LossWatch
 from trainers.pytorch.loop import (
     Evaluation,
@@ -172,14 +167,12 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     names = metric_names(tcfg, task)
     pipeline = Pipeline(stage_modules, stage_ids, degree, pp_group, device, tcfg, step_fn, task,
                         step_rows, microbatches) if degree.pipeline > 1 else None
-    if pipeline is not None:
-        evaluate = partial(pipeline.evaluate, ctx, held, eval_set, collate, names, precision,
-                           replica, dp_group, workers, batches if ctx.streamed else None,
-                           plan.batches.largest_share // len(plan.micro_batches(ctx.start_step)))
-    else:
-        evaluate = Evaluation(ctx, held, step_fn, eval_set, collate, names, precision,
-                              eval_batch_size(tcfg, degree.data), workers, device,
-                              batches if ctx.streamed else None, replica, dp_group)
+    # A pipeline's held-out batches are a round of its training micro-batches (their shape)
+    eval_rows = plan.batches.largest_share // len(plan.micro_batches(ctx.start_step)) \
+        if pipeline is not None else eval_batch_size(tcfg, degree.data)
+    evaluation = Evaluation(ctx, held, step_fn, eval_set, collate, names, precision, eval_rows,
+                            workers, device, batches if ctx.streamed else None, replica, dp_group)
+    evaluate = partial(pipeline.evaluate, evaluation) if pipeline is not None else evaluation
     watch = LossWatch(bool(tcfg.get("allow_nonfinite_loss")), device)
 
     held.train()
@@ -285,19 +278,20 @@ class Pipeline:
         return sum(loss.detach().double() for loss in losses) * self.step_rows, y.shape[0]
 
     @torch.no_grad()
-    def evaluate(self, ctx, held, dataset, collate, names, precision, replica, dp_group, workers,
-                 streamed, rows_a_round) -> dict[str, float]:
-        """Held-out metrics through the pipeline's forward (its eval schedule): each batch
-        padded to the training micro-batches' shape, the padding cut off the output on the
-        last stage; the sums added over the replicas there, the result sent to every stage."""
+    def evaluate(self, evaluation: Evaluation) -> dict[str, float]:
+        """Held-out metrics through the pipeline's forward (its eval schedule), over the rows
+        ``evaluation`` gives this replica: each batch padded to the training micro-batches'
+        shape, the padding cut off the output on the last stage; the sums added over the
+        replicas there, the result sent to every stage."""
+        held, rows = evaluation.module, evaluation.batch_size
         training = held.training
         held.eval()
-        sums = MetricSums(self.task, names, self.device)
+        sums = MetricSums(self.task, evaluation.names, self.device)
         try:
-            for x, y, weight, n in self._eval_batches(dataset, collate, replica, workers,
-                                                      streamed, rows_a_round, ctx.seed):
-                with precision.autocast():
-                    output = self._run(x, y, self.schedule.eval, [])
+            for batch, weight, n in evaluation.batches():
+                x, y = split_batch(to_device(batch, self.device))
+                with evaluation.precision.autocast():
+                    output = self._run(pad(x, rows), pad(y, rows), self.schedule.eval, [])
                 if self.last and weight:
                     output, target = output[:n], y[:n]
                     loss = self.step_fn.loss_fn(fitted(output, target, self.task), target)
@@ -306,25 +300,12 @@ class Pipeline:
             held.train(training)
         result: list = [None]
         if self.last:
-            reduce = partial(dist.all_reduce, group=dp_group) if dp_group is not None else None
-            result[0] = sums.reduce(reduce)
+            group = evaluation.group
+            result[0] = sums.reduce(partial(dist.all_reduce, group=group)
+                                     if group is not None else None)
         dist.broadcast_object_list(result, group=self.group,
                                    group_src=self.degree.pipeline - 1)
         return result[0]
-
-    def _eval_batches(self, dataset, collate, replica, workers, streamed, rows, seed):
-        """(x, y, weight, real rows) of this replica's held-out rows, padded to ``rows``."""
-        if streamed is not None:
-            source = ((tuple(map(torch.from_numpy, (x, y))), w, len(y))
-                      for x, y, w in streamed.eval_batches(rows))
-        else:
-            shards = eval_shards(len(dataset), *replica, rows)
-            batches = loader(dataset, [s.rows.tolist() for s in shards], collate, workers,
-                             self.device, seed)
-            source = ((b, s.weight, len(s.rows)) for s, b in zip(shards, batches, strict=True))
-        for batch, weight, n in source:
-            x, y = split_batch(to_device(batch, self.device))
-            yield pad(x, rows), pad(y, rows), weight, n
 
 
 def pad(t: torch.Tensor, rows: int) -> torch.Tensor:

@@ -107,8 +107,6 @@ class ScriptProcess:
         return f"rank {self.rank}'s script {how}" + (f": {tail[:300]}" if tail else "")
 
 
-
-
 def error_file_message(path: Path) -> str | None:
     """torch.distributed.elastic's @record writes {"message": {"message": ...}}."""
     try:
