@@ -76,6 +76,10 @@ class TrainingInfo:
     # (trainer keys) -> what the run trains on, for a derived run name, in place of the data's
     # name (trainer=script: the script's; its data is its own)
     run_label: Callable[[dict], str] | None = None
+    # The function coordinates processes of its own (trainer=tf_ps: parameter servers and
+    # workers as Ray actors): Ray Train runs it once (world_size 1), and cfg["cluster"] says
+    # how many workers to start (cluster.workers) and with what share of the CPUs.
+    coordinates: bool = False
 
 
 def training_function(config: type | None = None,
@@ -83,7 +87,8 @@ def training_function(config: type | None = None,
                       step_unit: str = "step", streams: bool = False,
                       cluster: Callable[[dict, dict, set], dict] | None = None,
                       warm_imports: Iterable[str] | None = None,
-                      run_label: Callable[[dict], str] | None = None):
+                      run_label: Callable[[dict], str] | None = None,
+                      coordinates: bool = False):
     """Optional decorator: the schema your ``trainer`` keys must fit (a dataclass whose
     ``__post_init__`` may raise ConfigError), extra checks ``check(cfg)`` on what the function
     will get (``{"trainer": ..., "data": ...}``: try your parts on a tiny batch, say), and the
@@ -97,12 +102,15 @@ def training_function(config: type | None = None,
     worker's process imports as it starts, before Ray places it (and each process kept ready
     for a restart), instead of its backend's (torch: ``ray.train.torch`` and
     ``torch._dynamo``); ``module:function`` also calls the function. ``run_label(trainer)``:
-    what a derived run name says the run trains on, in place of ``data.name``."""
+    what a derived run name says the run trains on, in place of ``data.name``.
+    ``coordinates``: the function runs once (a coordinator) and starts the run's workers
+    itself as Ray actors; ``cfg["cluster"]`` holds ``workers``, ``cpus_per_worker`` and
+    ``gpus_per_worker`` (trainers/tf_ps/)."""
 
     def mark(fn):
         warm = tuple(warm_imports) if warm_imports is not None else None
         fn.__training_info__ = TrainingInfo(config, check, step_unit, streams, cluster, warm,
-                                            run_label)
+                                            run_label, coordinates)
         return fn
 
     return mark
@@ -429,6 +437,12 @@ class WorkerContext:
     def warn(self, message: str) -> None:
         """A warning in run.json and on the console."""
         self._spec.recorder.warning.remote(message)
+
+    def report_processes(self, facts: Mapping[str, Any]) -> None:
+        """What a coordinating function's own processes are doing (its servers, their pids
+        and addresses, work rescheduled, time away): run.json's "processes", replaced at
+        each call."""
+        self._spec.recorder.processes.remote(dict(facts))
 
     def _agree(self, step: int) -> None:
         info = self._collective.preemption_info()  # a barrier: every rank is here

@@ -66,6 +66,11 @@ TF_WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 # processes.
 TF_CONFIG = "orchestrator.ray_internals.tensorflow_backend:MultiWorkerConfig"
 
+# Parameter-server training (trainers/tf_ps/): Ray Train runs only its coordinator, with no
+# collective of its own; gRPC fails fast to a lost server instead of waiting for it (TF's own
+# advice for the coordinator: a lost worker's closures then go to the others at once).
+TF_PS_WORKER_ENV = {**TF_WORKER_ENV, "GRPC_FAIL_FAST": "use_caller"}
+
 BACKENDS: dict[str, Backend] = {
     b.name: b for b in [
         Backend("torch", TORCH_CONFIG, torch_options(None), TORCH_CONTROLLER_ENV,
@@ -75,6 +80,7 @@ BACKENDS: dict[str, Backend] = {
         Backend("nccl", TORCH_CONFIG, torch_options("nccl"), TORCH_CONTROLLER_ENV,
                 warm_imports=TORCH_WARM, fork_imports=TORCH_FORK),
         Backend("tensorflow", TF_CONFIG, worker_env=TF_WORKER_ENV),
+        Backend("tensorflow_ps", "ray.train.backend:BackendConfig", worker_env=TF_PS_WORKER_ENV),
         Backend("xgboost", "ray.train.xgboost:XGBoostConfig"),
         Backend("lightgbm", "ray.train.lightgbm:LightGBMConfig"),
         Backend("none", "ray.train.backend:BackendConfig"),

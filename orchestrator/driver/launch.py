@@ -35,7 +35,12 @@ from orchestrator.driver.run_plan import (
     finished_record,
     make_plan,
 )
-from orchestrator.driver.scaling import scaling_kwargs, unplaceable_here
+from orchestrator.driver.scaling import (
+    coordinated_cluster,
+    coordinator_scaling,
+    scaling_kwargs,
+    unplaceable_here,
+)
 from orchestrator.driver.session_start import served_folder, session_env, session_for
 from orchestrator.errors import ConfigError, one_line, print_error
 from orchestrator.observe.logs import train_logging
@@ -269,9 +274,14 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     status, error)."""
     cfg = run.cfg
     scaling_args = scaling_kwargs(cfg.cluster, session.total_cpus())
+    coordinated = None
+    if run.training.info.coordinates:  # it starts its workers itself (trainer=tf_ps)
+        scaling_args = coordinator_scaling(scaling_args)
+        coordinated = coordinated_cluster(cfg.cluster, session.total_cpus())
     log.info("asking Ray for %s", describe_workers(scaling_args))
     ray_trainer = ray_trainer_for(run, ScalingConfig(**scaling_args), recorder, output_dir,
-                                  storage_marker, spares=not session.outlives_run)
+                                  storage_marker, spares=not session.outlives_run,
+                                  coordinated=coordinated)
     # A sweep's trial, a service's command (a job that outlives the run) keeps the cleaner:
     # an early-stopped trial's workers must give their CPUs back to the next trials.
     without_unneeded_actors(ray_trainer, keep_cleaner=session.outlives_run)
@@ -308,9 +318,13 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
 
 
 def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_dir: Path,
-                    storage_marker, spares: bool) -> DataParallelTrainer:
+                    storage_marker, spares: bool, coordinated: dict | None = None
+                    ) -> DataParallelTrainer:
     cfg, plan, training = run.cfg, run.plan, run.training
-    spec = WorkerSpec(training.path, {"trainer": training.config, "data": run.data},
+    given = {"trainer": training.config, "data": run.data}
+    if coordinated is not None:
+        given["cluster"] = coordinated
+    spec = WorkerSpec(training.path, given,
                       cfg.data, cfg.checkpoint, plan.run_storage, plan.resume_source,
                       cfg.seed, recorder, cfg.failure.preemption_check_s,
                       cfg.failure.hang_timeout_s, eval_every_steps=cfg.run.eval_every_steps,

@@ -53,6 +53,9 @@ class RunRecord:
     # Streamed data: shards, rows and bytes of the data, and the bytes each rank read (its
     # latest worker group's, from the step it started at).
     data: dict | None = None
+    # A coordinating trainer's own processes (trainer=tf_ps: its workers and parameter
+    # servers, closures rescheduled, how long each worker was away), as it last said.
+    processes: dict | None = None
     permanent_error: str | None = None  # the traceback of a failure that repeated
     started_at: float = field(default_factory=time.time)
     _steady_from: tuple[float, int] | None = None  # (time, samples) at the group's first step

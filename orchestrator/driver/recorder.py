@@ -159,6 +159,11 @@ class RunRecorder:
         data["ranks"][str(rank)] = read
         self._write()
 
+    def processes(self, facts: dict) -> None:
+        """A coordinating function's own processes (WorkerContext.report_processes)."""
+        self.record.processes = facts
+        self._write()
+
     def note(self, message: str, level: str = "INFO") -> None:
         """A worker's line for the user's terminal (workers' own output is Ray's business)."""
         self._notice(message, level)

@@ -44,6 +44,22 @@ def scaling_kwargs(cluster: ClusterConfig, cluster_cpus: float) -> dict:
     return kwargs
 
 
+def coordinator_scaling(kwargs: dict) -> dict:
+    """A coordinating function (TrainingInfo.coordinates) runs once: one Ray Train worker on
+    a hundredth of a CPU (it schedules work and waits); the workers it starts itself take the
+    shares of the CPUs (coordinated_cluster)."""
+    return {**kwargs, "num_workers": 1, "use_gpu": False,
+            "resources_per_worker": {"CPU": MIN_CPU_SHARE}}
+
+
+def coordinated_cluster(cluster: ClusterConfig, cluster_cpus: float) -> dict:
+    """What a coordinating function gets as cfg["cluster"]: how many workers to start, and
+    the CPUs they share (it splits them among its workers and servers)."""
+    return {"workers": cluster.workers, "cpus_per_worker": cluster.cpus_per_worker,
+            "gpus_per_worker": cluster.gpus_per_worker, "cpus": cluster_cpus,
+            "resources": dict(cluster.resources)}
+
+
 def elastic_controller_env(cluster: ClusterConfig, hang_timeout_s: float) -> dict[str, str]:
     """Ray Train's controller knobs for an elastic job. Its elastic policy sizes a new worker
     group from a view of the cluster that still counts a silent (partitioned) node's CPUs as
