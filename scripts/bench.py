@@ -19,6 +19,8 @@ Benchmarks (scripts/benchmarks/*.py; baselines in scripts/baselines/, each runna
                   time, the same final weights
   pipeline        peak RSS per worker, pipeline P=4 vs DDP and FSDP at 4 workers (~202M
                   parameters); the pipeline bubble of GPipe and 1F1B at M=4 and 8 vs the ideal
+  ps              samples/s with one of 4 workers stopped a while: asynchronous trainer=tf_ps vs
+                  synchronous trainer=mwms (the speed each keeps)
 
 Every comparison runs its sides in the same run, interleaved (A B, then B A, ...), and reports
 ratios of medians: the machine is shared and noisy, absolute times mean little. The load
@@ -46,7 +48,7 @@ from scripts.benchmarks.report import markdown  # noqa: E402
 
 BENCHMARKS = ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory", "lm_throughput",
               "fsdp_memory", "fsdp_checkpoint", "data_scale", "shuffle_window", "script_vs_torchrun",
-              "pipeline")
+              "pipeline", "ps")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -102,6 +104,12 @@ def parser() -> argparse.ArgumentParser:
                    help="pipeline's memory model: blocks of width 1024 (16: ~202M parameters)")
     g.add_argument("--pipeline-steps", type=int, default=20,
                    help="pipeline's bubble runs: steps of the 8-block model")
+    g.add_argument("--ps-stop-s", type=float, default=20.0,
+                   help="ps: how long one worker is stopped (SIGSTOP)")
+    g.add_argument("--ps-window-s", type=float, default=15.0,
+                   help="ps: the windows before and after the stop")
+    g.add_argument("--ps-warm-steps", type=int, default=100,
+                   help="ps: steps before the first window")
     g.add_argument("--fsdp-layers", type=int, default=8,
                    help="fsdp_memory's blocks of width 1024 (8: ~101M parameters, 16: ~202M)")
     g.add_argument("--data-gib", default="1,8", help="data_scale's dataset sizes on disk")
