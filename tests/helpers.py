@@ -162,3 +162,22 @@ def rows_per_step(log_dir: Path, record: dict) -> dict[int, list[float]]:
                 for i, ids in enumerate(lines):
                     seen.setdefault(group["step"] + i, {})[rank] = ids
     return {step: sorted(x for ids in ranks.values() for x in ids) for step, ranks in seen.items()}
+
+
+def raylet_of(address: str) -> int | None:
+    """The pid of the raylet of the Ray whose GCS is at ``address``: the processes of that
+    node's workers carry it (RAY_RAYLET_PID), which tells them from another Ray's on the
+    machine (the other test process's, another user's)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if args and args[0].endswith(b"/raylet") and f"--gcs-address={address}".encode() in args:
+            return int(entry.name)
+    return None
+
+
+def of_raylet(environ: bytes, raylet: int | None) -> bool:
+    """A process's environment (/proc/<pid>/environ) says it is a worker of this raylet."""
+    return f"RAY_RAYLET_PID={raylet}".encode() in environ.split(b"\0")

@@ -11,6 +11,7 @@ import pytest
 from orchestrator.driver.failure_policy import WorkerError, classify
 from orchestrator.worker.warm import WARM_IMPORTS
 from tests.conftest import read_record, run_cli, start_head, start_run, stop_cluster, wait_for
+from tests.helpers import of_raylet, raylet_of
 
 
 def error(step=35, kind="ValueError", message="bad batch", rank=0) -> WorkerError:
@@ -93,6 +94,11 @@ def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
     # group runs, the rest goes at full speed.
     gate = tmp_path / "gate"
     gate.touch()
+    raylet = raylet_of(ray_head.address)
+    assert raylet is not None, ray_head.address
+
+    def idle_worker_processes():  # this head's only (another Ray's on the machine are not ours)
+        return idle_on(raylet)
     idle_before = idle_worker_processes()
     proc = start_run(tmp_path / "a", f"cluster.address={ray_head.address}",
                      f"storage.uri={tmp_path / 'ckpt'}", "trainer.epochs=40",
@@ -158,9 +164,9 @@ def test_another_clusters_ray_start_on_the_machine_does_not_restart_the_job(ray_
     assert final["error"] == "interrupted (SIGTERM)"
 
 
-def idle_worker_processes() -> set[int]:
-    """Ray worker processes with the training workers' environment that no actor has taken
-    yet (a worker's own process, just started, or one kept ready for a restart)."""
+def idle_on(raylet: int) -> set[int]:
+    """Ray worker processes of this raylet with the training workers' environment that no
+    actor has taken yet (a worker's own process, just started, or one kept ready for a restart)."""
     found = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -170,7 +176,8 @@ def idle_worker_processes() -> set[int]:
                 env = f.read()
         except OSError:
             continue
-        if title.startswith(b"ray::IDLE") and WARM_IMPORTS.encode() + b"=" in env:
+        if title.startswith(b"ray::IDLE") and WARM_IMPORTS.encode() + b"=" in env and \
+                of_raylet(env, raylet):
             found.add(int(pid))
     return found
 

@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator.service.client import keep_alive_asked
 from tests.conftest import cli_env, finish_run, run_cli, start_run, user_project, wait_for
-from tests.helpers import assert_input_error
+from tests.helpers import assert_input_error, of_raylet, raylet_of
 
 READY = re.compile(r"kept alive: (\d+) of the run's (\d+) actors started in processes kept ready")
 
@@ -53,14 +53,16 @@ def wait_status(env: dict, ready, timeout_s: float = 120) -> dict:
     raise AssertionError(f"the service never got there: {status(env)}")
 
 
-def job_processes(job: str) -> list[int]:
-    """The job's processes, but Ray's AutoscalingCoordinator: a detached actor, which a joined
-    cluster keeps for every job after the first one's end (as after a plain command)."""
+def job_processes(job: str, raylet: int | None) -> list[int]:
+    """The job's processes on this raylet (another Ray's jobs have the same ids), but Ray's
+    AutoscalingCoordinator: a detached actor, which a joined cluster keeps for every job after
+    the first one's end (as after a plain command)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and f"RAY_JOB_ID={job}".encode() in \
-                    (entry / "environ").read_bytes().split(b"\0") and \
+            environ = (entry / "environ").read_bytes() if entry.name.isdigit() else b""
+            if f"RAY_JOB_ID={job}".encode() in environ.split(b"\0") and \
+                    of_raylet(environ, raylet) and \
                     b"AutoscalingCoordinator" not in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
         except OSError:
@@ -141,9 +143,11 @@ def test_a_kept_alive_service_runs_the_next_commands_in_processes_it_kept_ready(
     assert status(service_env) is None
     assert not list(Path(service_env["ORCHESTRATOR_SERVICE_DIR"]).glob("*.sock"))  # no stale file
     deadline = time.monotonic() + 60
-    while job_processes(ready["job"]) and time.monotonic() < deadline:
+    raylet = raylet_of(ray_head.address)
+    assert raylet is not None, ray_head.address
+    while job_processes(ready["job"], raylet) and time.monotonic() < deadline:
         time.sleep(0.5)
-    left = job_processes(ready["job"])
+    left = job_processes(ready["job"], raylet)
     assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in left]
 
 

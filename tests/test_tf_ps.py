@@ -114,3 +114,31 @@ def test_a_lost_worker_is_rescheduled_around_and_a_lost_parameter_server_restart
     # A quiet console: no TensorFlow start-up lines (the driver's trial of the model runs in
     # a process of its own), no rescheduling noise (run.json counts it)
     assert "absl::InitializeLog" not in result.output and "failed with" not in result.output
+
+
+def test_the_rescheduling_tensorflow_logs_is_counted_per_worker_and_kept_off_the_console():
+    import logging
+
+    from trainers.tf_ps.servers import Member, ReschedulingCounter
+
+    workers = [Member("worker", i, None, f"h:{i}") for i in range(2)]
+    counter = ReschedulingCounter([*workers, Member("ps", 0, None, "h:9")])
+    # TensorFlow's coordinator's words for a closure it puts back (cluster_coordinator.py)
+    failed = logging.LogRecord("tensorflow", logging.ERROR, "", 0, "Worker %s failed with %r:%s",
+                               ("/job:worker/replica:0/task:1", OSError(), "Socket closed"), None)
+    other = logging.LogRecord("tensorflow", logging.ERROR, "", 0, "something else", (), None)
+    assert counter.filter(failed) is False and counter.filter(other) is True
+    assert [w.rescheduled for w in workers] == [0, 1] and counter.seen.is_set()
+
+
+def test_a_coordinator_is_one_ray_train_worker_and_its_workers_share_the_cpus():
+    from orchestrator.config.schema import ClusterConfig
+    from orchestrator.driver.scaling import coordinated_cluster, coordinator_scaling, scaling_kwargs
+    from trainers.tf_ps.train import cpus_each
+
+    cluster = ClusterConfig(workers=4)
+    scaling = coordinator_scaling(scaling_kwargs(cluster, 2.0))
+    assert scaling["num_workers"] == 1 and scaling["resources_per_worker"] == {"CPU": 0.01}
+    given = coordinated_cluster(cluster, 2.0)
+    assert given["workers"] == 4 and cpus_each(given, 5) == 0.39  # 4 workers + 1 server, beside the coordinator
+    assert cpus_each({**given, "cpus_per_worker": 0.25}, 5) == 0.25

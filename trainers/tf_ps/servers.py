@@ -31,6 +31,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 from orchestrator.driver.ports import PortHold
 from orchestrator.worker_api import WorkerContext
 
+PLACEMENT_S = 300.0  # how long the servers may wait for room on the cluster
 ANSWER_S = 5.0  # a server that does not answer for this long is away (stopped, restarting)
 KEEPER_POLL_S = 0.5
 
@@ -38,6 +39,10 @@ KEEPER_POLL_S = 0.5
 class ServerLost(RuntimeError):
     """A parameter server ended, or a worker came back where its address is not: the run
     restarts from its newest checkpoint (Ray Train's restart of the coordinator)."""
+
+
+class NoRoomForServers(RuntimeError):
+    retry = False  # a restart would ask for the same room
 
 
 @ray.remote(max_task_retries=0)
@@ -121,7 +126,15 @@ class ParameterServers:
             for index in range(count):
                 actor = TFServer.options(num_cpus=cpus, max_restarts=restarts).remote()
                 self._members.append(Member(job, index, actor, ""))
-        addresses = ray.get([m.actor.reserve.remote() for m in self._members])
+        asked = [m.actor.reserve.remote() for m in self._members]
+        _, waiting = ray.wait(asked, num_returns=len(asked), timeout=PLACEMENT_S)
+        if waiting:
+            for member in self._members:
+                ray.kill(member.actor, no_restart=True)
+            raise NoRoomForServers(
+                f"{len(waiting)} of {len(asked)} servers ({workers} workers, {ps} parameter "
+                f"servers, {cpus:g} CPU each) found no room on the cluster in {PLACEMENT_S:g} s")
+        addresses = ray.get(asked)
         for member, address in zip(self._members, addresses, strict=True):
             member.address = address
         self._chief = PortHold(0, host="0.0.0.0")

@@ -27,11 +27,12 @@ CHECKPOINT = "ckpt"  # tf.train.Checkpoint's prefix: ckpt.index, ckpt.data-*
 
 
 def cpus_each(cluster: dict, servers: int) -> float:
-    """cluster.cpus_per_worker, else the cluster's CPUs split among workers and servers."""
-    from orchestrator.driver.scaling import cpu_share
+    """cluster.cpus_per_worker, else the CPUs the coordinator leaves split among workers and
+    servers (all of them must fit: a server that cannot be placed would be waited for)."""
+    from orchestrator.driver.scaling import MIN_CPU_SHARE, cpu_share
 
     given = cluster.get("cpus_per_worker")
-    return float(given) if given else cpu_share(float(cluster["cpus"]), servers)
+    return float(given) if given else cpu_share(float(cluster["cpus"]) - MIN_CPU_SHARE, servers)
 
 
 @training_function(config=TFPSConfig, check=check_tf_ps, cluster=fixed_size, coordinates=True,
