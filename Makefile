@@ -20,13 +20,9 @@ $(STAMP): pyproject.toml setup.py orchestrator/data/_rows.c
 run: $(STAMP)
 	$(PY) -m orchestrator $(ARGS)
 
-# Two test processes, a module each at a time (its clusters shared by its tests): the suite
-# waits on Ray and on processes starting about a third of the time, which the other fills.
-TEST_PROCESSES ?= 2
-
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
