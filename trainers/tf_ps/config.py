@@ -7,37 +7,31 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.util import find_spec
-from typing import Any
 
 from orchestrator.config.rules import require
 from orchestrator.errors import ConfigError, one_line
-from trainers.neural import NeuralNetConfig, check_builder_source
+from trainers.mwms.config import MWMSConfig
+from trainers.neural import check_builder_source
 
 
 @dataclass
-class TFPSConfig(NeuralNetConfig):
+class TFPSConfig(MWMSConfig):
+    """MWMS's keys (the model, its builder's signature, the optimizer), run asynchronously."""
+
     name: str = "tf_ps"
     fn: str = "trainers.tf_ps.train:main"
     backend: str = "tensorflow_ps"
-    # A function (in_features, num_classes, **kwargs) -> tf.keras.Model returning logits
-    # (num_classes=1 for data.task=regression: the prediction).
-    model: dict[str, Any] = field(
-        default_factory=lambda: {"_target_": "trainers.mwms.models.mlp", "hidden": [128, 64]}
-    )
     ps: int = 1  # parameter servers (the workers: cluster.workers)
     # Closures scheduled ahead, per worker: enough that none waits for the coordinator
     in_flight: int = 2
-    allow_nonfinite_loss: bool = False  # a NaN/inf loss stops the run, naming the step
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require(self.ps >= 1, "trainer.ps", self.ps,
                 "an integer >= 1 (the parameter servers that hold the variables)")
         require(self.in_flight >= 1, "trainer.in_flight", self.in_flight, "an integer >= 1")
-        require(0 <= self.momentum <= 1, "trainer.momentum", self.momentum,
-                "a number from 0 to 1 (tf-keras' SGD)")
 
 
 def fixed_size(trainer: dict, cluster: dict, given: set) -> dict:
