@@ -173,7 +173,11 @@ def raylet_of(address: str) -> int | None:
             args = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
         except OSError:
             continue
-        if args and args[0].endswith(b"/raylet") and f"--gcs-address={address}".encode() in args:
+        gcs = [a for a in args[1:] if a.startswith(b"--gcs-address=")]
+        # Ray passes the GCS under the machine's own address even for a head started on
+        # 127.0.0.1: the port, unique on this machine, tells it is this one.
+        if args and args[0].endswith(b"/raylet") and gcs and \
+                gcs[0].rpartition(b":")[2] == address.rpartition(":")[2].encode():
             return int(entry.name)
     return None
 
