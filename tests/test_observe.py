@@ -88,6 +88,9 @@ def test_progress_line_and_bar():
     assert progress_line(ProgressState(step=4, world_size=2, samples_per_s=0.0, step_s=0.5),
                          "checkpoint") == "checkpoint 4 | 2 workers | 0.5 s/checkpoint"
     assert clock(3725) == "1:02:05" and clock(65) == "1:05"
+    # A coordinator (trainer=tf_ps) is Ray Train's one worker: its own words for its processes
+    assert progress_line(ProgressState(step=4, world_size=1, workers_shown="3 workers, 1 "
+                                       "parameter server")) == "step 4 | 3 workers, 1 parameter server"
 
 
 def test_record_says_why_a_group_started():

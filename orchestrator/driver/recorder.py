@@ -88,7 +88,7 @@ class RunRecorder:
         kind = self.record.group_started(world_size, step, at, total_steps)
         self.rate.reset()
         self._failed_ranks.clear()
-        workers = f"{world_size} worker{'s' if world_size != 1 else ''}"
+        workers = self._workers_shown() or f"{world_size} worker{'s' if world_size != 1 else ''}"
         if kind == "start":
             verb = f"resuming at step {step}" if step else "from step 0"
             of = f" of {total_steps}" if total_steps else ""
@@ -116,6 +116,10 @@ class RunRecorder:
                                    "perf/step_seconds": self.rate.step_s(),
                                    "cluster/world_size": self._world_size()}, at)
         self._write()
+
+    def _workers_shown(self) -> str | None:
+        """A coordinating trainer's words for its own processes (its "shown"), if it said."""
+        return (self.record.processes or {}).get("shown")
 
     def _world_size(self) -> int | None:
         return self.record.world_sizes[-1]["size"] if self.record.world_sizes else None
@@ -261,7 +265,7 @@ class RunRecorder:
         r = self.record
         return ProgressState(r.steps, r.total_steps, self._world_size(), r.samples_per_s,
                              self.rate.step_s(), dict(r.train_metrics), self.notices[cursor:],
-                             len(self.notices))
+                             len(self.notices), self._workers_shown())
 
     def _show_held_lines(self) -> None:
         self.notices.extend(("INFO", f"[rank0] {line}") for line in self._rank0_tracebacks.flush())

@@ -32,6 +32,9 @@ class ProgressState:
     metrics: dict = field(default_factory=dict)
     notices: list = field(default_factory=list)  # (level name, message) since the cursor
     cursor: int = 0  # pass back to get only newer notices
+    # A coordinating trainer's own words for its processes ("3 workers, 1 parameter server"),
+    # shown instead of the count of Ray Train's workers (its one coordinator)
+    workers_shown: str | None = None
 
 
 def clock(seconds: float) -> str:
@@ -58,7 +61,9 @@ def details(state: ProgressState, unit: str = "step") -> list[str]:
         parts.append(f"ETA {clock(max(0, state.total - state.step) * state.step_s)}")
     if state.samples_per_s:  # none where the run counts no samples (a user's script)
         parts.append(f"{state.samples_per_s:,.0f} samples/s")
-    if state.world_size:
+    if state.workers_shown:
+        parts.append(state.workers_shown)
+    elif state.world_size:
         parts.append(f"{state.world_size} worker{'s' if state.world_size != 1 else ''}")
     if state.metrics:
         name, value = next(iter(state.metrics.items()))

@@ -32,6 +32,9 @@ from orchestrator.driver.ports import PortHold
 from orchestrator.worker_api import WorkerContext
 
 PLACEMENT_S = 300.0  # how long the servers may wait for room on the cluster
+# TensorFlow's connection of the coordinator to its servers was seen to hang once in about ten
+# starts here (every server up and answering): past this the run restarts with new servers.
+CONNECT_S = 90.0
 ANSWER_S = 5.0  # a server that does not answer for this long is away (stopped, restarting)
 KEEPER_POLL_S = 0.5
 
@@ -39,6 +42,10 @@ KEEPER_POLL_S = 0.5
 class ServerLost(RuntimeError):
     """A parameter server ended, or a worker came back where its address is not: the run
     restarts from its newest checkpoint (Ray Train's restart of the coordinator)."""
+
+
+class ServersUnreachable(RuntimeError):
+    """The coordinator did not connect to its servers: a restart starts new ones."""
 
 
 class NoRoomForServers(RuntimeError):
@@ -160,7 +167,24 @@ class ParameterServers:
             self._chief.release()  # the strategy starts the coordinator's own server there
             resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
                 tf.train.ClusterSpec(self.spec), task_type="chief", task_id=0, rpc_layer="grpc")
-            self._strategy = tf.distribute.ParameterServerStrategy(resolver)
+            made: dict = {}
+
+            def connect() -> None:  # in a thread: a hung connection cannot be interrupted
+                try:
+                    made["strategy"] = tf.distribute.ParameterServerStrategy(resolver)
+                except BaseException as exc:  # raised below, in the coordinator's thread
+                    made["error"] = exc
+            connecting = threading.Thread(target=connect, name="ps-connect", daemon=True)
+            connecting.start()
+            connecting.join(CONNECT_S)
+            if connecting.is_alive():
+                raise ServersUnreachable(
+                    f"the coordinator did not connect to its {len(self._members)} servers in "
+                    f"{CONNECT_S:g} s (TensorFlow's connection to the cluster hung): the run "
+                    "restarts with new ones")
+            if "error" in made:
+                raise made["error"]
+            self._strategy = made["strategy"]
             logging.getLogger("tensorflow").addFilter(self._counter)
             self._keeper.start()
         return self._strategy
@@ -197,7 +221,13 @@ class ParameterServers:
 
     def facts(self) -> dict:
         """run.json's "processes": each server's address, pid, restarts and time away."""
-        return {"kind": "parameter_servers", "coordinator_pid": os.getpid(),
+        workers = [m for m in self._members if m.job == "worker"]
+        ps = len(self._members) - len(workers)
+        here = sum(m.away_since is None for m in workers)
+        shown = (f"{here}{'' if here == len(workers) else f' of {len(workers)}'} "
+                 f"worker{'s' if len(workers) != 1 else ''}, {ps} parameter "
+                 f"server{'s' if ps != 1 else ''}")
+        return {"kind": "parameter_servers", "shown": shown, "coordinator_pid": os.getpid(),
                 "rescheduled_closures": sum(m.rescheduled for m in self._members),
                 "workers": [m.facts() for m in self._members if m.job == "worker"],
                 "ps": [m.facts() for m in self._members if m.job == "ps"]}

@@ -56,6 +56,7 @@ class Coordinator:
         import trainers.tf_ps  # noqa: F401  (tf-keras before tensorflow)
 
         self.tf, self.ctx, self.servers = tf, ctx, servers
+        self.report()  # before the first announcement: its words for the workers
         tcfg = self.tcfg = cfg["trainer"]
         data = ctx.dataset()
         self.regression = data.num_classes == 0
