@@ -109,6 +109,13 @@ def check_builder_source(origin: str | None, name: str, target: str, passed: lis
                           f"{', '.join(map(repr, unknown))}{fix}")
 
 
+def not_tf_keras(target: str, built: object) -> str:
+    """The refusal of a model builder that gave no tf.keras.Model (Keras 3's is another class)."""
+    return (f"trainer.model._target_={target!r} gave a {type(built).__module__}."
+            f"{type(built).__name__}, not a tf.keras.Model: build it with tf.keras (import "
+            "tensorflow as tf; tf.keras.Sequential(...)), not Keras 3's `import keras`")
+
+
 def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
     """Scale by the training rows' mean and spread; constant columns are left as they are."""
     mean, std = train.mean(0), train.std(0)

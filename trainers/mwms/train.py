@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 
 from orchestrator.worker_api import WorkerContext, training_function
 from trainers.mwms.config import MWMSConfig, check_mwms
-from trainers.neural import NonFiniteLoss, standardize, stop_message, total_steps
+from trainers.neural import NonFiniteLoss, not_tf_keras, standardize, stop_message, total_steps
 
 
 def optimizer_variables(optimizer) -> list:
@@ -127,11 +127,7 @@ def train(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
         model = instantiate(dict(tcfg["model"]), in_features=data.num_features,
                             num_classes=data.num_classes, _convert_="all")
         if not isinstance(model, tf.keras.Model):  # Keras 3's (import keras) is another class
-            raise NotATfKerasModel(
-                f"trainer.model._target_={tcfg['model']['_target_']!r} gave a "
-                f"{type(model).__module__}.{type(model).__name__}, not a tf.keras.Model: build it "
-                "with tf.keras (import tensorflow as tf; tf.keras.Sequential(...)), not Keras 3's "
-                "`import keras`")
+            raise NotATfKerasModel(not_tf_keras(tcfg["model"]["_target_"], model))
         if tcfg["optimizer"] == "sgd":
             optimizer = tf.keras.optimizers.SGD(tcfg["lr"], momentum=tcfg["momentum"])
         else:

@@ -9,6 +9,7 @@ import sys
 
 import trainers.tf_ps  # noqa: F401  (tf-keras before tensorflow)
 from orchestrator.errors import one_line
+from trainers.neural import not_tf_keras
 
 
 def problem(model: dict, features: int, outputs: int) -> str | None:
@@ -23,9 +24,7 @@ def problem(model: dict, features: int, outputs: int) -> str | None:
         return (f"trainer.model._target_={target!r} did not build: {type(exc).__name__}: "
                 f"{one_line(exc)[:300]}")
     if not isinstance(built, tf.keras.Model):
-        return (f"trainer.model._target_={target!r} gave a {type(built).__module__}."
-                f"{type(built).__name__}, not a tf.keras.Model: build it with tf.keras (import "
-                "tensorflow as tf; tf.keras.Sequential(...)), not Keras 3's `import keras`")
+        return not_tf_keras(target, built)
     try:
         out = built(tf.zeros((2, features)), training=False)
     except Exception as exc:

@@ -12,7 +12,7 @@ function raises, so that the run restarts from its newest checkpoint.
 
 A user's own coordinator loop uses the same class::
 
-    with ParameterServers(ctx, workers=4, ps=1) as servers:
+    with ParameterServers(workers=4, ps=1, cpus=0.4) as servers:
         coordinator = tf.distribute.coordinator.ClusterCoordinator(servers.strategy)
         ...
 """
@@ -29,7 +29,6 @@ import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
 from orchestrator.driver.ports import PortHold
-from orchestrator.worker_api import WorkerContext
 
 PLACEMENT_S = 300.0  # how long the servers may wait for room on the cluster
 # TensorFlow's connection of the coordinator to its servers was seen to hang once in about ten
@@ -120,8 +119,7 @@ class ParameterServers:
     """P parameter servers and N workers (Ray actors of ``cpus`` each), a keeper thread that
     brings lost workers back at their address, and the strategy over them (``strategy``)."""
 
-    def __init__(self, ctx: WorkerContext, workers: int, ps: int, cpus: float = 0.1):
-        self._ctx = ctx
+    def __init__(self, workers: int, ps: int, cpus: float = 0.1):
         self.step = 0  # the coordinator's newest step, for the record of time away
         self.lost: str | None = None
         self._changed = threading.Event()

@@ -43,7 +43,7 @@ def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     before, tempfile.tempdir = tempfile.tempdir, str(ctx.local_dir)
     try:
         workers, ps = int(cfg["cluster"]["workers"]), int(cfg["trainer"]["ps"])
-        with ParameterServers(ctx, workers, ps, cpus_each(cfg["cluster"], workers + ps)) as servers:
+        with ParameterServers(workers, ps, cpus_each(cfg["cluster"], workers + ps)) as servers:
             return Coordinator(ctx, cfg, servers).train()
     finally:
         tempfile.tempdir = before
