@@ -43,12 +43,16 @@ class NeuralNetConfig(TrainerConfig):
 
 
 def check_model_target(cfg: Mapping[str, Any]) -> None:
-    """The model's builder must exist and take the keys given with it, checked from its
-    source without importing it (no framework on the driver)."""
+    """The data's task (classification), and the model's builder (check_builder)."""
     if cfg["data"].get("task") not in (None, "classification"):
         raise ConfigError(f"data.task={cfg['data']['task']!r} is not allowed with this trainer: "
                           "classification")
-    model = cfg["trainer"]["model"]
+    check_builder(cfg["trainer"]["model"])
+
+
+def check_builder(model: Mapping[str, Any]) -> None:
+    """The model's builder must exist and take the keys given with it, checked from its
+    source without importing it (no framework on the driver)."""
     target = model["_target_"]
     module, _, name = target.rpartition(".")
     if not module:
@@ -114,6 +118,15 @@ def not_tf_keras(target: str, built: object) -> str:
     return (f"trainer.model._target_={target!r} gave a {type(built).__module__}."
             f"{type(built).__name__}, not a tf.keras.Model: build it with tf.keras (import "
             "tensorflow as tf; tf.keras.Sequential(...)), not Keras 3's `import keras`")
+
+
+def held_out_sums(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(correct, summed loss, rows) of some held-out rows: sums add up over the ranks."""
+    shifted = logits - logits.max(1, keepdims=True)
+    log_proba = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+    y = np.asarray(y, dtype=np.int64)
+    return np.array([float((logits.argmax(1) == y).sum()),
+                     float(-log_proba[np.arange(len(y)), y].sum()), float(len(y))])
 
 
 def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:

@@ -15,7 +15,14 @@ from hydra.utils import instantiate
 
 from orchestrator.worker_api import WorkerContext, training_function
 from trainers.mwms.config import MWMSConfig, check_mwms
-from trainers.neural import NonFiniteLoss, not_tf_keras, standardize, stop_message, total_steps
+from trainers.neural import (
+    NonFiniteLoss,
+    held_out_sums,
+    not_tf_keras,
+    standardize,
+    stop_message,
+    total_steps,
+)
 
 
 def optimizer_variables(optimizer) -> list:
@@ -75,15 +82,6 @@ class Streamed:
         for x, y, weight in self.batches.eval_batches(self.eval_batch):
             sums += weight * held_out_sums(predict(x), y)  # padding batches weigh 0
         return sums
-
-
-def held_out_sums(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """(correct, summed loss, rows) of some held-out rows: sums add up over the ranks."""
-    shifted = logits - logits.max(1, keepdims=True)
-    log_proba = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
-    y = np.asarray(y, dtype=np.int64)
-    return np.array([float((logits.argmax(1) == y).sum()),
-                     float(-log_proba[np.arange(len(y)), y].sum()), float(len(y))])
 
 
 class NotATfKerasModel(TypeError):

@@ -8,12 +8,11 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from importlib.util import find_spec
 
 from orchestrator.config.rules import require
 from orchestrator.errors import ConfigError, one_line
 from trainers.mwms.config import MWMSConfig
-from trainers.neural import check_builder_source
+from trainers.neural import check_builder
 
 
 @dataclass
@@ -57,17 +56,7 @@ def check_tf_ps(cfg: dict) -> list[str]:
                           "(digits, synthetic, parquet)")
     task = data.get("task") or "classification"
     model = trainer["model"]
-    target = model["_target_"]
-    module, _, name = target.rpartition(".")
-    try:
-        spec = find_spec(module) if module else None
-    except ModuleNotFoundError:
-        spec = None
-    if spec is None:
-        raise ConfigError(f"trainer.model._target_={target!r}: no module {module or target!r} "
-                          "to import")
-    given = [k for k in model if k != "_target_" and not k.startswith("_")]
-    check_builder_source(spec.origin, name, target, ["in_features", "num_classes", *given])
+    check_builder(model)
     features, outputs = data.get("features"), data.get("outputs")
     if features and outputs:
         try_model(model, int(features), int(outputs))

@@ -18,7 +18,7 @@ import numpy as np
 from hydra.utils import instantiate
 
 from orchestrator.worker_api import WorkerContext, training_function
-from trainers.neural import NonFiniteLoss, standardize, stop_message, total_steps
+from trainers.neural import NonFiniteLoss, held_out_sums, standardize, stop_message, total_steps
 from trainers.tf_ps.config import TFPSConfig, check_tf_ps, fixed_size
 from trainers.tf_ps.servers import ParameterServers, ServerLost
 
@@ -202,8 +202,5 @@ class Coordinator:
         out = self.model(self.tf.constant(self.x_test), training=False).numpy()
         if self.regression:
             return {"test_loss": float(np.mean((out - self.y_test) ** 2))}
-        shifted = out - out.max(1, keepdims=True)
-        log_proba = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
-        y = np.asarray(self.y_test, dtype=np.int64)
-        return {"test_accuracy": float((out.argmax(1) == y).mean()),
-                "test_loss": float(-log_proba[np.arange(len(y)), y].mean())}
+        correct, loss, rows = held_out_sums(out, self.y_test)
+        return {"test_accuracy": correct / rows, "test_loss": loss / rows}
