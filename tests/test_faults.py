@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,6 +108,8 @@ def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
                      f"failure.hang_timeout_s={HANG_TIMEOUT_S}", "failure.spare_after_s=0")
     rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, tmp_path / "a")
     victim, healthy = rec["workers"][1]["pid"], rec["workers"][0]["pid"]
+    # A run on a joined cluster of this machine: its workers forked from its fork server.
+    assert forked(victim) and forked(healthy), rec["workers"]
     # Each worker had its node keep a process ready for its replacement (failure.spare_after_s;
     # orchestrator/worker/spare.py): idle, with the workers' environment, torch imported.
     spares = wait_until(lambda: idle_worker_processes() - {victim, healthy},
@@ -166,7 +169,9 @@ def test_another_clusters_ray_start_on_the_machine_does_not_restart_the_job(ray_
 
 def idle_on(raylet: int) -> set[int]:
     """Ray worker processes of this raylet with the training workers' environment that no
-    actor has taken yet (a worker's own process, just started, or one kept ready for a restart)."""
+    actor has taken yet (a worker's own process, just started, or one kept ready for a restart).
+    A process forked from the run's fork server (only training workers are) shows the server's
+    environment in /proc, not its own."""
     found = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -176,10 +181,19 @@ def idle_on(raylet: int) -> set[int]:
                 env = f.read()
         except OSError:
             continue
-        if title.startswith(b"ray::IDLE") and WARM_IMPORTS.encode() + b"=" in env and \
-                of_raylet(env, raylet):
+        if title.startswith(b"ray::IDLE") and of_raylet(env, raylet) and \
+                (WARM_IMPORTS.encode() + b"=" in env or forked(int(pid))):
             found.add(int(pid))
     return found
+
+
+def forked(pid: int) -> bool:
+    """The process is a child of a fork server (orchestrator/ray_internals/fork_server/)."""
+    try:
+        parent = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1]
+        return b"fork_server/server.py" in Path(f"/proc/{parent}/cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False
 
 
 def wait_until(probe, done, timeout: float = 120):

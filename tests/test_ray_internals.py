@@ -1233,6 +1233,16 @@ with fork_server.socket_dir(True) as sock:
         seen["forked"], seen["sibling"] = ray.get([forked.facts.remote(),
                                                    sibling.facts.remote()], timeout=120)
         seen["server"] = server.pid
+        # A worker another node's raylet started (its RAY_RAYLET_PID another's) is turned
+        # away: no pid comes back, and its client starts it as Ray would.
+        import array, socket
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(sock)
+        other = {"argv": ["worker.py"], "env": {**os.environ, "RAY_RAYLET_PID": "1"}, "cwd": "/"}
+        conn.sendmsg([json.dumps(other).encode() + b"\n"],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+        seen["other_node_turned_away"] = conn.makefile("r").readline() == ""
+        conn.close()
         ray.kill(forked)
         seen["killed_child_gone"] = wait_for(
             lambda: not os.path.exists(f"/proc/{seen['forked']['pid']}"))
@@ -1274,7 +1284,7 @@ def test_a_sweeps_processes_fork_from_its_server_with_torch_imported_and_their_o
     # Siblings do not share Ray's IDs or numpy's stream (both seeded in the server otherwise).
     assert seen["forked"]["id"] != seen["sibling"]["id"], seen
     assert seen["forked"]["numpy"] != seen["sibling"]["numpy"], seen
-    assert seen["server_ended"] and seen["refused"], seen
+    assert seen["server_ended"] and seen["refused"] and seen["other_node_turned_away"], seen
     assert seen["exit_handlers_ran"], seen  # Ray's worker shuts down in one
     assert seen["private"] == "0o700" and seen["folder_removed"], seen
 

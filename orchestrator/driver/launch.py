@@ -41,7 +41,12 @@ from orchestrator.driver.scaling import (
     scaling_kwargs,
     unplaceable_here,
 )
-from orchestrator.driver.session_start import served_folder, session_env, session_for
+from orchestrator.driver.session_start import (
+    served_folder,
+    session_env,
+    session_for,
+    worker_forks,
+)
 from orchestrator.errors import ConfigError, one_line, print_error
 from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
@@ -118,7 +123,8 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     try:
         # Started by the CLI beside its checks when it could (orchestrator/driver/session_start.py).
         env = session_env(cfg, run.training.backend)
-        with session_for(cfg.cluster, env, cfg.log.ray_verbose) as session:
+        forks = worker_forks(cfg, run.training.backend)
+        with session_for(cfg.cluster, env, cfg.log.ray_verbose, forks) as session:
             sigterm_as_ctrl_c()
             refuse_what_never_fits(cfg, session)
             # Shared storage (orchestrator/storage/probe.py): on a joined cluster every node
@@ -281,7 +287,8 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     log.info("asking Ray for %s", describe_workers(scaling_args))
     ray_trainer = ray_trainer_for(run, ScalingConfig(**scaling_args), recorder, output_dir,
                                   storage_marker, spares=not session.outlives_run,
-                                  coordinated=coordinated)
+                                  coordinated=coordinated,
+                                  py_executable=session.worker_py_executable)
     # A sweep's trial, a service's command (a job that outlives the run) keeps the cleaner:
     # an early-stopped trial's workers must give their CPUs back to the next trials.
     without_unneeded_actors(ray_trainer, keep_cleaner=session.outlives_run)
@@ -318,8 +325,8 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
 
 
 def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_dir: Path,
-                    storage_marker, spares: bool, coordinated: dict | None = None
-                    ) -> DataParallelTrainer:
+                    storage_marker, spares: bool, coordinated: dict | None = None,
+                    py_executable: str | None = None) -> DataParallelTrainer:
     cfg, plan, training = run.cfg, run.plan, run.training
     given = {"trainer": training.config, "data": run.data}
     if coordinated is not None:
@@ -343,7 +350,7 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
         worker_runtime_env=worker_runtime_env(
             worker_env(training.backend),
             () if cfg.cluster.gpus_per_worker else training.warm_imports,
-            scaling.resources_per_worker.get("CPU", 1)),
+            scaling.resources_per_worker.get("CPU", 1), py_executable),
         logging_config=train_logging(cfg.log.ray_verbose),
         callbacks=[FaultReporter(recorder)],
     )

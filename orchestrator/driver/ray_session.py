@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import stat
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -119,7 +121,7 @@ class RaySession:
 
     def __init__(self, cluster: ClusterConfig, env_vars: dict[str, str] | None = None,
                  verbose: bool = False, keep_open: bool = False, py_executable: str | None = None,
-                 defer_dashboard: bool = False):
+                 defer_dashboard: bool = False, worker_forks: tuple[str, ...] = ()):
         self.cluster = cluster
         # An embedded head's dashboard starts once the run's workers have (head_start.py).
         self.defer_dashboard = defer_dashboard
@@ -132,6 +134,12 @@ class RaySession:
         # What the raylet runs the job's worker processes with (a sweep's fork server's client,
         # orchestrator/ray_internals/fork_server/), else Ray's own Python.
         self.py_executable = py_executable
+        # A run's training workers fork from a server that imported these, once Ray is up
+        # (orchestrator/ray_internals/fork_server/); their actors' py_executable then.
+        self.worker_forks = worker_forks
+        self.worker_py_executable: str | None = None
+        self._fork_server = None
+        self._fork_dir: str | None = None
         self.interrupted = False  # a Ctrl-C came while Ray was shutting down
         self._started: threading.Event | None = None  # set when the background start ends
         self._thread: threading.Thread | None = None
@@ -174,6 +182,7 @@ class RaySession:
             self.release_dashboard_port()
             close_starts(self._thread)  # the start thread's next process would outlive the kill
             kill_descendants()
+            self.stop_fork_server()
             no_ray_shutdown_at_exit()  # it would wait on the killed GCS (cluster.py)
         self._closed.set()
 
@@ -247,7 +256,37 @@ class RaySession:
         if url:
             self.dashboard_url = url if "://" in url else f"http://{url}"
             RaySession.dashboard_of_this_process = self.dashboard_url
+        if self.worker_forks:
+            self.start_fork_server()
         return self
+
+    def start_fork_server(self) -> None:
+        """The server the run's training workers fork from, where every node of the cluster is
+        on this machine (a speed-up only: without it they start as Ray starts them). Its
+        socket is in a folder only this user can enter (the clients send it their
+        environment)."""
+        from orchestrator.ray_internals import fork_server
+
+        try:
+            if not fork_server.every_node_here():
+                return
+        except Exception as exc:  # noqa: BLE001  (a speed-up only)
+            log.debug("no fork server: %s", exc)
+            return
+        self._fork_dir = tempfile.mkdtemp(prefix="orchestrator-fork-")
+        path = os.path.join(self._fork_dir, "server.sock")
+        self._fork_server = fork_server.start_server(path, self.worker_forks, self.env_vars)
+        if self._fork_server is not None:
+            self.worker_py_executable = fork_server.client_executable(path)
+
+    def stop_fork_server(self) -> None:
+        if self._fork_server is not None:
+            self._fork_server.kill()
+            self._fork_server.wait()
+            self._fork_server = None
+        if self._fork_dir is not None:
+            shutil.rmtree(self._fork_dir, ignore_errors=True)
+            self._fork_dir = None
 
     def start(self, **kwargs):
         """ray.init, whose own failures are tracebacks of many lines: one line instead
@@ -273,6 +312,9 @@ class RaySession:
                 self.release_dashboard_port()
                 stop_autoscaler_monitor()
             ray.shutdown()
+            # After the job's end: a worker the raylet stops then has its forked process
+            # stopped by the server (fork_server/server.py: client_gone).
+            self.stop_fork_server()
             if not self.joined:  # and what was started meanwhile, orphaned to us since
                 ours = sorted(set(ours) | set(descendants(os.getpid())))
             stop_leftovers(ours, LEFTOVER_GRACE_S)

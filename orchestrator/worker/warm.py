@@ -65,10 +65,12 @@ def import_ahead(names: Iterable[str]) -> None:
 
 
 def worker_runtime_env(env_vars: dict[str, str], modules: tuple[str, ...],
-                       cpus_per_worker: float) -> dict:
-    """The training workers' runtime environment: their variables, and the hook if there is
-    anything to import ahead and the job has no hook of its own."""
+                       cpus_per_worker: float, py_executable: str | None = None) -> dict:
+    """The training workers' runtime environment: their variables, the hook if there is
+    anything to import ahead and the job has no hook of its own, and the fork server's client
+    where they fork from one (orchestrator/ray_internals/fork_server/)."""
+    forks = {"py_executable": py_executable} if py_executable else {}
     if not modules or SETUP_HOOK in os.environ:
-        return {"env_vars": env_vars}
+        return {"env_vars": env_vars, **forks}
     return {"env_vars": {**env_vars, WARM_IMPORTS: ",".join(modules),
-                         WORKER_CPUS: str(cpus_per_worker), SETUP_HOOK: HOOK}}
+                         WORKER_CPUS: str(cpus_per_worker), SETUP_HOOK: HOOK}, **forks}

@@ -1,5 +1,5 @@
-"""A sweep's worker processes forked from a server that has Ray, Ray Train and the workers'
-framework imported, instead of each started as a new Python.
+"""A sweep's worker processes, and a run's training workers, forked from a server that has
+Ray, Ray Train and the workers' framework imported, instead of each started as a new Python.
 
 A sweep runs its trials in one Ray job on one node, and every trial starts a recorder, Ray
 Train's controller and its workers: four Pythons importing Ray (and the workers torch and Ray
@@ -12,9 +12,13 @@ processes (before the server is up) start as Ray would start them: the client fi
 server and becomes the worker itself.
 
 One server serves one job on one node (Ray's C++ config reads the job's id once, at
-import), so only a sweep on an embedded cluster uses one; the driver starts it once Ray is up
-and stops it with the session. GPU trials do not (a framework imported before Ray places a
-worker would see every GPU).
+import): a sweep on an embedded cluster runs all its processes through it (the job's
+``py_executable``); a plain run of a fixed size, on a cluster whose every node is on this
+machine, runs its training workers through it (their actors' ``py_executable``, ray_session.py),
+and a worker another node's raylet starts is turned away (server.py) and starts as Ray starts
+it. The driver starts the server once Ray is up and stops it with the session. GPU runs do not
+fork (a framework imported before Ray places a worker would see every GPU), nor elastic ones
+(nodes of other machines join them).
 """
 
 from __future__ import annotations
@@ -84,6 +88,27 @@ def client_executable(path: str) -> str:
     """The job's runtime environment's ``py_executable`` (Ray puts it unquoted in a shell
     command: quoted here)."""
     return shlex.join([sys.executable, "-I", "-S", str(CLIENT), path])
+
+
+def every_node_here() -> bool:
+    """Every alive node of the cluster has its raylet on this machine (a test cluster's
+    `ray start` nodes, an embedded head): a worker of another machine would be started with
+    this machine's interpreter and client path, which it may not have. A node's own server
+    serves only its own raylet's workers (server.py: same_node_and_job)."""
+    import ray
+
+    sockets = {n["RayletSocketName"] for n in ray.nodes() if n.get("Alive")}
+    marks = {f"--raylet_socket_name={name}".encode() for name in sockets}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                cmdline = (entry / "cmdline").read_bytes()
+                marks = {mark for mark in marks if mark not in cmdline}
+        except OSError:
+            continue
+        if not marks:
+            return True
+    return False
 
 
 def raylet_pid() -> int:

@@ -159,11 +159,24 @@ def run_child(request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
+def same_node_and_job(env: dict) -> bool:
+    """The client's process is one this server's raylet started for its job: a worker of
+    another node on the same machine (a test cluster's `ray start` nodes, a network
+    namespace's host) must not run in this node's process and watch this raylet."""
+    return all(env.get(key, os.environ[key]) == os.environ[key]
+               for key in ("RAY_RAYLET_PID", "RAY_JOB_ID"))
+
+
 def serve(server: socket.socket, conn: socket.socket) -> None:
     if not same_user(conn):
         conn.close()
         return
     request, fds = receive(conn)
+    if not same_node_and_job(request["env"]):
+        for fd in fds:
+            os.close(fd)
+        conn.close()  # no pid: the client becomes the worker itself
+        return
     pid = os.fork()
     if pid == 0:
         server.close()
