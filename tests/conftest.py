@@ -61,10 +61,11 @@ def run_cli(run_dir: Path, *overrides: str, env: dict | None = None, timeout: fl
 
 
 class CliBatch:
-    """The commands of one parametrized test, started side by side on first use (each its own
-    process, no Ray: mostly imports, ~3.5 CPU-seconds), so that on 2 cores the batch takes about
-    half the time of running them in turn. Each case still asserts on its own result, and its
-    wall time (from the batch's start) is kept for tests that bound it."""
+    """The commands of one parametrized test, started side by side on first use, each forked
+    from one process that imported what they all import first (tests/cli_runner.py: mostly
+    imports, ~3.5 CPU-seconds a command otherwise), so that on 2 cores the batch takes a
+    fraction of the time of running them in turn. Each case still asserts on its own result,
+    and its wall time (from the batch's start) is kept for tests that bound it."""
 
     def __init__(self, base: Path, cases: dict, cwd: Path = REPO, env: dict | None = None,
                  local_storage: bool = True, timeout: float = 180):
@@ -85,24 +86,32 @@ class CliBatch:
         return self.results[key]
 
     def _run(self) -> dict:
-        started, procs = time.time(), {}
-        for key, overrides in self.cases.items():
+        """The cases forked from one process that imported what they all import first
+        (tests/cli_runner.py), side by side."""
+        self.base.mkdir(parents=True, exist_ok=True)
+        commands, keys = {}, {}
+        for i, (key, overrides) in enumerate(self.cases.items()):
             folder = self.folders[key]
             folder.mkdir(parents=True, exist_ok=True)
-            out, err = open(folder / "stdout", "w"), open(folder / "stderr", "w")
             storage = [f"storage.uri={self.storage(key)}"] if self.local_storage else []
-            cmd = cli_command(folder / "run", *storage, *overrides)
-            procs[key] = subprocess.Popen(cmd, cwd=self.cwd, env=cli_env(self.env), stdout=out,
-                                          stderr=err, text=True)
-            out.close()
-            err.close()
-            _started.append(procs[key])
+            argv = cli_command(folder / "run", *storage, *overrides)[3:]  # after `python -m orchestrator`
+            commands[str(i)] = {"argv": argv, "stdout": str(folder / "stdout"),
+                                "stderr": str(folder / "stderr")}
+            keys[str(i)] = key
+        spec = self.base / "batch.json"
+        spec.write_text(json.dumps({"commands": commands}))
+        runner = subprocess.Popen([sys.executable, str(REPO / "tests" / "cli_runner.py"), str(spec)],
+                                  cwd=self.cwd, env=cli_env(self.env), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        _started.append(runner)
+        out, err = runner.communicate(timeout=self.timeout)
+        assert runner.returncode == 0, err[-3000:]
+        ended = json.loads(out.strip().splitlines()[-1])
         results = {}
-        for key, proc in procs.items():
-            proc.wait(timeout=max(1.0, started + self.timeout - time.time()))
-            self.seconds[key] = time.time() - started
+        for i, key in keys.items():
+            code, self.seconds[key] = ended[i]
             folder = self.folders[key]
-            results[key] = CliResult(proc.returncode, (folder / "stdout").read_text(),
+            results[key] = CliResult(code, (folder / "stdout").read_text(),
                                      (folder / "stderr").read_text(), folder / "run")
         return results
 

@@ -74,7 +74,11 @@ from ray._private import node as ray_node
 from ray._private import ray_constants
 
 from orchestrator.ray_internals import dashboard_packages  # noqa: F401  (asks without imports)
-from orchestrator.ray_internals.process_starts import lower_priority_of_starts, thread_for
+from orchestrator.ray_internals.process_starts import (
+    StartsClosed,
+    lower_priority_of_starts,
+    thread_for,
+)
 
 log = logging.getLogger("orchestrator")
 
@@ -122,7 +126,9 @@ class _DashboardStart:
         try:
             _ray_start_api_server(self.node, **self.options)
         except BaseException as exc:  # noqa: BLE001  (Ray's own messages: many lines)
-            if not self.stopping:
+            # StartsClosed: the command abandoned this Ray while it started (its input was
+            # bad), possibly before this start was made: not news either.
+            if not self.stopping and not isinstance(exc, StartsClosed):
                 log.warning("the Ray dashboard did not start (%s); the run goes on without it",
                             dashboard_failure(exc))
         self.published.set()
