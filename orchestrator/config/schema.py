@@ -33,6 +33,9 @@ class ClusterConfig:
     num_cpus: int | None = None  # CPUs of the embedded Ray (null = all of this machine's)
     dashboard: bool = True
     dashboard_port: int = 8265
+    # The run on the dashboard's Train page (Ray Train's state tracking): its attempts, worker
+    # groups, failures and status, on an embedded or a joined cluster
+    dashboard_train_page: bool = True
     resize_check_s: float = 60.0  # how often an elastic job looks for room to grow
     # The number of workers is always a multiple of this: the workers that hold one copy of
     # a model cut into stages or split (trainer.pipeline.degree x trainer.tensor.degree set it)

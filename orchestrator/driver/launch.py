@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +51,7 @@ from orchestrator.observe.logs import train_logging
 from orchestrator.observe.progress import ProgressWatcher, make_display, metric_text
 from orchestrator.observe.tracebacks import echoes_a_peer
 from orchestrator.ray_internals.head_start import dashboard_may_start
+from orchestrator.ray_internals.knobs import STATE_TRACKING
 from orchestrator.ray_internals.train_hooks import (
     elastic_in_multiples,
     hooks_missing,
@@ -285,6 +285,9 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
         scaling_args = coordinator_scaling(scaling_args)
         coordinated = coordinated_cluster(cfg.cluster, session.total_cpus())
     log.info("asking Ray for %s", describe_workers(scaling_args))
+    # The dashboard's Train page: fit() reads Ray Train's switch in this process (a service
+    # runs many commands in one: set either way).
+    os.environ[STATE_TRACKING] = "1" if cfg.cluster.dashboard_train_page else "0"
     ray_trainer = ray_trainer_for(run, ScalingConfig(**scaling_args), recorder, output_dir,
                                   storage_marker, spares=not session.outlives_run,
                                   coordinated=coordinated,
@@ -341,7 +344,7 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
                       spare_after_s=cfg.failure.spare_after_s if spares else None,
                       code_dir=served_folder() or command_folder(), data_files=plan.data_files)
     run_config = RunConfig(
-        name=f"{plan.run_name}-{uuid.uuid4().hex[:6]}",
+        name=plan.run_name,  # the run's name on the dashboard's Train page
         storage_path=str(output_dir / "ray_train"),
         failure_config=FailureConfig(max_failures=cfg.failure.max_restarts,
                                      max_preemption_failures=cfg.failure.max_preemptions),

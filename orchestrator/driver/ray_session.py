@@ -35,6 +35,7 @@ from orchestrator.ray_internals.cluster import (
     token_location,
     use_token_auth_if_available,
 )
+from orchestrator.ray_internals.entrypoint import redacted_entrypoint
 from orchestrator.ray_internals.head_start import embedded_head, stopping
 from orchestrator.ray_internals.knobs import EMBEDDED_SYSTEM_CONFIG
 from orchestrator.ray_internals.process_starts import close_starts
@@ -206,6 +207,7 @@ class RaySession:
             self.dashboard_url = RaySession.dashboard_of_this_process
             return self
         quiet_ray_loggers(self.verbose)
+        redacted_entrypoint()  # the command line the dashboard shows with the job
         ray_shutdown_at_exit()  # where a session abandoned before in this process left it out
         runtime_env = {"env_vars": self.env_vars}
         if self.py_executable:

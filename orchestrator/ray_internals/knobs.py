@@ -10,8 +10,11 @@ WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # orchest
 # Ray Train's own preemption watcher (an actor a worker group): off where the orchestrator runs
 # the same watcher as a thread of the controller (ray_internals/preemption_watch.py).
 PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+# Ray Train's state tracking, which fills the dashboard's Train page (read by fit() in the
+# driver: cluster.dashboard_train_page).
+STATE_TRACKING = "RAY_TRAIN_ENABLE_STATE_TRACKING"
 ENV_KNOBS = (WORKER_HEALTH_CHECK_TIMEOUT, HEALTH_CHECK_INTERVAL, WORKER_GROUP_START_TIMEOUT,
-             PREEMPTION_WATCHER)
+             PREEMPTION_WATCHER, STATE_TRACKING)
 
 # Ray core's: set by `python -m orchestrator` before Ray is imported (orchestrator/__main__.py).
 AUTO_CONNECT = "RAY_ENABLE_AUTO_CONNECT"
