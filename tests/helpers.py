@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
@@ -185,3 +188,27 @@ def raylet_of(address: str) -> int | None:
 def of_raylet(environ: bytes, raylet: int | None) -> bool:
     """A process's environment (/proc/<pid>/environ) says it is a worker of this raylet."""
     return f"RAY_RAYLET_PID={raylet}".encode() in environ.split(b"\0")
+
+
+def token_headers() -> dict[str, str]:
+    """What the dashboard's HTTP API asks of a client where Ray's token auth is on."""
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if token is None and path.exists():
+        token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def train_page_run(dashboard: str, name: str, timeout: float = 60) -> tuple[dict, str]:
+    """The run of that name on the dashboard's Train page, read through its HTTP API once it
+    shows an end (Ray Train reports it as the controller ends), and the whole page's text."""
+    deadline = time.monotonic() + timeout
+    while True:
+        request = urllib.request.Request(f"{dashboard}/api/train/v2/runs/v1", headers=token_headers())
+        body = urllib.request.urlopen(request, timeout=30).read().decode()
+        runs = [r for r in json.loads(body)["train_runs"] if r["name"] == name]
+        if runs and runs[0]["status"] in ("FINISHED", "ERRORED", "ABORTED") or \
+                time.monotonic() > deadline:
+            assert len(runs) == 1, [r["name"] for r in json.loads(body)["train_runs"]]
+            return runs[0], body
+        time.sleep(0.5)

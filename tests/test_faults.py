@@ -12,7 +12,7 @@ import pytest
 from orchestrator.driver.failure_policy import WorkerError, classify
 from orchestrator.worker.warm import WARM_IMPORTS
 from tests.conftest import read_record, run_cli, start_head, start_run, stop_cluster, wait_for
-from tests.helpers import of_raylet, raylet_of
+from tests.helpers import of_raylet, raylet_of, train_page_run
 
 
 def error(step=35, kind="ValueError", message="bad batch", rank=0) -> WorkerError:
@@ -52,9 +52,11 @@ def test_a_failure_is_permanent_when_it_repeats_at_the_same_step(history, new, p
 
 
 def test_a_bug_that_repeats_stops_the_run_without_burning_every_restart(ray_head, tmp_path):
+    """And the dashboard's Train page shows the run, failed, with its two attempts."""
+    name = f"bug-{tmp_path.name}"
     result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}",
                      f"storage.uri={tmp_path / 'ckpt'}", "failure.max_restarts=5",
-                     "trainer.fn=tests.user_trainers:fails_at_step_35",
+                     "trainer.fn=tests.user_trainers:fails_at_step_35", f"run.name={name}",
                      "checkpoint.every_steps=10", "trainer.max_steps=100")
     assert result.returncode == 1, result.output[-3000:]
     rec = result.record
@@ -69,6 +71,9 @@ def test_a_bug_that_repeats_stops_the_run_without_burning_every_restart(ray_head
     assert errors == [f"error: {rec['error']}"], result.stderr[-3000:]  # one line, as recorded
     assert errors[0].startswith("error: training failed permanently") and "\n" not in rec["error"]
     assert "worker rank 0 at step 35: ValueError" in errors[0]
+    page, _ = train_page_run(ray_head.dashboard, name)
+    assert page["status"] == "ERRORED" and "ValueError: bad batch at step 35" in page["status_detail"]
+    assert [len(a["workers"]) for a in page["attempts"]] == [2, 2], page["attempts"]
 
 
 def test_workers_the_cluster_cannot_place_stop_the_run_with_one_line(ray_head, tmp_path):
@@ -101,15 +106,15 @@ def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
     def idle_worker_processes():  # this head's only (another Ray's on the machine are not ours)
         return idle_on(raylet)
     idle_before = idle_worker_processes()
+    name = f"hung-{tmp_path.name}"
     proc = start_run(tmp_path / "a", f"cluster.address={ray_head.address}",
-                     f"storage.uri={tmp_path / 'ckpt'}", "trainer.epochs=40",
+                     f"storage.uri={tmp_path / 'ckpt'}", "trainer.epochs=40", f"run.name={name}",
+                     "+trainer.api_token=sk-page-secret-1234",  # a secret of the user's config
                      "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
                      "+trainer.pace_s=0.02", "checkpoint.every_steps=100",
                      f"failure.hang_timeout_s={HANG_TIMEOUT_S}", "failure.spare_after_s=0")
     rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2, tmp_path / "a")
     victim, healthy = rec["workers"][1]["pid"], rec["workers"][0]["pid"]
-    # A run on a joined cluster of this machine: its workers forked from its fork server.
-    assert forked(victim) and forked(healthy), rec["workers"]
     # Each worker had its node keep a process ready for its replacement (failure.spare_after_s;
     # orchestrator/worker/spare.py): idle, with the workers' environment, torch imported.
     spares = wait_until(lambda: idle_worker_processes() - {victim, healthy},
@@ -136,6 +141,11 @@ def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
     # default waits 30 s for the hung one), Ray's fixed 5 s of patience before killing them.
     # What follows (a new worker group, ~20 s here) is Ray start-up.
     assert torn_down_in < HANG_TIMEOUT_S + 20, torn_down_in
+    # The dashboard's Train page: the run by its name, its two attempts (the second after the
+    # hang), finished; no secret of its config, nor of its command line, in the whole page.
+    page, text = train_page_run(ray_head.dashboard, name)
+    assert page["status"] == "FINISHED" and len(page["attempts"]) == 2, page["attempts"]
+    assert "sk-page-secret-1234" not in text and "api_token" in text
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ from tests.conftest import (
     read_record,
     wait_for,
 )
+from tests.helpers import token_headers
 
 # Ray's own lines that used to fill the terminal (see NOTES.md), by the patterns they carry.
 RAY_NOISE = [r"\(RayTrainWorker pid=\d+", r"\(TrainController pid=\d+", r"PlacementGroupCleaner",
@@ -179,14 +180,6 @@ SERIES = {f"ray_orchestrator_{name}" for name in (
     "lost_steps", "checkpoint_step", "train_metric[loss]", "checkpoint_save_seconds_count",
     "checkpoint_save_seconds_sum", "checkpoint_upload_seconds_count",
     "checkpoint_upload_seconds_sum")}
-
-
-def token_headers() -> dict[str, str]:
-    token = os.environ.get("RAY_AUTH_TOKEN")
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    if token is None and path.exists():
-        token = path.read_text().strip()
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def http_status(url: str, headers: dict) -> int:

@@ -1289,6 +1289,56 @@ def test_a_sweeps_processes_fork_from_its_server_with_torch_imported_and_their_o
     assert seen["private"] == "0o700" and seen["folder_removed"], seen
 
 
+RUN_FORKS_CHECK = r"""
+import json, os, sys, time
+import ray
+from orchestrator.config.schema import ClusterConfig
+from orchestrator.driver.backends import backend_named
+from orchestrator.driver.ray_session import RaySession
+from orchestrator.worker.warm import worker_runtime_env
+
+@ray.remote(num_cpus=0.1)
+class Probe:
+    def facts(self):
+        return {"parent": os.getppid(), "torch_ahead": "torch" in sys.modules}
+
+seen = {}
+forks = backend_named("torch").fork_imports
+with RaySession(ClusterConfig(address=sys.argv[1]), worker_forks=forks) as session:
+    client = session.worker_py_executable
+    sock = client.rpartition(" ")[2]
+    deadline = time.monotonic() + 120
+    while not os.path.exists(sock) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    seen["server"] = session._fork_server.pid
+    env = worker_runtime_env({}, (), 0.1, client)  # what ray_trainer_for gives the workers
+    seen["worker"] = ray.get(Probe.options(runtime_env=env).remote().facts.remote(), timeout=120)
+    seen["folder"] = os.path.dirname(sock)
+seen["folder_removed"] = not os.path.exists(seen["folder"])
+seen["server_ended"] = not os.path.exists(f"/proc/{seen['server']}")
+print(json.dumps(seen))
+"""
+
+
+def test_a_runs_workers_on_a_joined_cluster_of_this_machine_fork_from_its_server(ray_head):
+    """The session of a run on a joined cluster whose nodes are all on this machine starts the
+    workers' fork server once Ray is up; a worker given the run's workers' environment
+    (ray_trainer_for's) is the server's child, torch imported before its code ran; the server
+    and its folder go with the session."""
+    import subprocess
+    import sys
+
+    from scripts.local_cluster import node_env
+
+    done = subprocess.run([sys.executable, "-c", RUN_FORKS_CHECK, ray_head.address],
+                          capture_output=True, text=True, env=node_env(), timeout=300,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["worker"]["parent"] == seen["server"] and seen["worker"]["torch_ahead"], seen
+    assert seen["folder_removed"] and seen["server_ended"], seen
+
+
 BUSY_START_CHECK = r"""
 import json, os
 import ray
