@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -197,6 +198,18 @@ def token_headers() -> dict[str, str]:
     if token is None and path.exists():
         token = path.read_text().strip()
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def train_page_names(dashboard: str) -> set[str]:
+    """The names of the runs on the dashboard's Train page (none where no run of the cluster
+    was tracked: the page then answers 500, no state actor)."""
+    request = urllib.request.Request(f"{dashboard}/api/train/v2/runs/v1", headers=token_headers())
+    try:
+        body = urllib.request.urlopen(request, timeout=30).read().decode()
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 500, exc
+        return set()
+    return {r["name"] for r in json.loads(body)["train_runs"]}
 
 
 def train_page_run(dashboard: str, name: str, timeout: float = 60) -> tuple[dict, str]:

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.driver.failure_policy import WorkerError, classify
 from orchestrator.worker.warm import WARM_IMPORTS
 from tests.conftest import read_record, run_cli, start_head, start_run, stop_cluster, wait_for
-from tests.helpers import of_raylet, raylet_of, train_page_run
+from tests.helpers import of_raylet, raylet_of, train_page_names, train_page_run
 
 
 def error(step=35, kind="ValueError", message="bad batch", rank=0) -> WorkerError:
@@ -77,9 +77,12 @@ def test_a_bug_that_repeats_stops_the_run_without_burning_every_restart(ray_head
 
 
 def test_workers_the_cluster_cannot_place_stop_the_run_with_one_line(ray_head, tmp_path):
-    """4 workers of one CPU on the 2-CPU head: Ray Train alone waits forever, silently."""
+    """4 workers of one CPU on the 2-CPU head: Ray Train alone waits forever, silently. (Run
+    with cluster.dashboard_train_page=false: the Train page does not list it.)"""
+    name = f"noroom-{tmp_path.name}"
     result = run_cli(tmp_path / "run", f"cluster.address={ray_head.address}",
-                     f"storage.uri={tmp_path / 'ckpt'}", "cluster.workers=4",
+                     f"storage.uri={tmp_path / 'ckpt'}", "cluster.workers=4", f"run.name={name}",
+                     "cluster.dashboard_train_page=false",
                      "cluster.cpus_per_worker=1", "cluster.placement_timeout_s=5", timeout=300)
     assert result.returncode == 1, result.output[-3000:]
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
@@ -89,6 +92,7 @@ def test_workers_the_cluster_cannot_place_stop_the_run_with_one_line(ray_head, t
     assert "Traceback" not in result.output
     rec = result.record
     assert rec["status"] == "failed" and "no room for" in rec["error"] and rec["steps"] == 0
+    assert name not in train_page_names(ray_head.dashboard)
 
 
 HANG_TIMEOUT_S = 5  # the least failure.hang_timeout_s allows: what is tested does not need more

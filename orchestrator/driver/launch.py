@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -345,7 +346,9 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
                       code_dir=served_folder() or command_folder(), data_files=plan.data_files)
     run_config = RunConfig(
         name=plan.run_name,  # the run's name on the dashboard's Train page
-        storage_path=str(output_dir / "ray_train"),
+        # A folder of its own for each fit(): Ray Train restores what it finds under a name
+        # it ran before (the same command again in the same output folder)
+        storage_path=str(output_dir / "ray_train" / uuid.uuid4().hex[:6]),
         failure_config=FailureConfig(max_failures=cfg.failure.max_restarts,
                                      max_preemption_failures=cfg.failure.max_preemptions),
         # On GPUs the framework is imported once the worker is placed: its CUDA start must see
