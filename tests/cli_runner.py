@@ -19,6 +19,8 @@ import runpy
 import sys
 import time
 
+from orchestrator.ray_internals.fork_server.server import exit_code
+
 
 def warm() -> None:
     """What every command imports before its checks (no Ray: its import reads variables
@@ -51,14 +53,8 @@ def child(argv: list[str], stdout: str, stderr: str) -> None:
     sys.path[0] = os.getcwd()  # `python -m`: the command's folder first
     code = 1
     try:
-        runpy.run_module("orchestrator", run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001
-        import traceback
-
-        traceback.print_exc()
+        code = exit_code(lambda: runpy.run_module("orchestrator", run_name="__main__",
+                                                  alter_sys=True))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

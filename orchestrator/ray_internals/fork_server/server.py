@@ -118,6 +118,21 @@ def threads_as_asked() -> None:
         torch.set_num_threads(int(wanted))
 
 
+def exit_code(run) -> int:
+    """What the interpreter would exit with once ``run()`` ends: its SystemExit's code, or 1
+    with the traceback printed for any other exception."""
+    try:
+        run()
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        return 1
+
+
 def run_child(request: dict, fds: list[int]) -> None:
     for conn in OPEN:  # other workers' clients: their end of file must come when the server's does
         conn.close()
@@ -140,14 +155,7 @@ def run_child(request: dict, fds: list[int]) -> None:
         numpy.random.seed()
     code = 1
     try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001
-        import traceback
-
-        traceback.print_exc()
+        code = exit_code(lambda: runpy.run_path(sys.argv[0], run_name="__main__"))
     finally:
         # What the interpreter's exit would run: its other threads joined (a checkpoint's
         # upload), then the exit handlers (Ray's worker shuts down in one).
