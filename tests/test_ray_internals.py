@@ -1289,6 +1289,28 @@ def test_a_sweeps_processes_fork_from_its_server_with_torch_imported_and_their_o
     assert seen["private"] == "0o700" and seen["folder_removed"], seen
 
 
+def test_the_entrypoint_ray_records_for_the_job_is_redacted(monkeypatch):
+    """ray.init records the driver's command line through ray._private.utils.
+    get_entrypoint_name (the dashboard shows it on its Jobs page and with every Train run): the
+    hook wraps what worker.py calls, and a secret on the command line is recorded as ***."""
+    import inspect
+
+    import ray._private.utils as utils
+    import ray._private.worker as worker
+
+    from orchestrator.ray_internals.entrypoint import redacted_entrypoint
+
+    assert "ray._private.utils.get_entrypoint_name()" in inspect.getsource(worker)
+    line = "python -m orchestrator +trainer.api_token=sk-cli-secret-99 run.name=x"
+    monkeypatch.setattr(utils, "get_entrypoint_name", lambda: line)
+    redacted_entrypoint()
+    recorded = utils.get_entrypoint_name()
+    assert "sk-cli-secret-99" not in recorded and "+trainer.api_token=***" in recorded
+    assert "run.name=x" in recorded
+    redacted_entrypoint()  # once only: not wrapped twice
+    assert utils.get_entrypoint_name() == recorded
+
+
 RUN_FORKS_CHECK = r"""
 import json, os, sys, time
 import ray
