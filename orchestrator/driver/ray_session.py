@@ -254,6 +254,11 @@ class RaySession:
                 kill_descendants(spare=before)
                 adopt_orphans(False)  # no session to close: this process adopts no more
                 raise
+        return self._opened(context)
+
+    def _opened(self, context) -> RaySession:
+        """What the session keeps of the Ray it opened: its dashboard's address, and the
+        server the run's workers fork from."""
         url = getattr(context, "dashboard_url", None)
         if url:
             self.dashboard_url = url if "://" in url else f"http://{url}"
