@@ -200,12 +200,17 @@ def token_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def train_page(dashboard: str) -> str:
+    """The dashboard's Train page data, through its HTTP API (with the token where asked)."""
+    request = urllib.request.Request(f"{dashboard}/api/train/v2/runs/v1", headers=token_headers())
+    return urllib.request.urlopen(request, timeout=30).read().decode()
+
+
 def train_page_names(dashboard: str) -> set[str]:
     """The names of the runs on the dashboard's Train page (none where no run of the cluster
     was tracked: the page then answers 500, no state actor)."""
-    request = urllib.request.Request(f"{dashboard}/api/train/v2/runs/v1", headers=token_headers())
     try:
-        body = urllib.request.urlopen(request, timeout=30).read().decode()
+        body = train_page(dashboard)
     except urllib.error.HTTPError as exc:
         assert exc.code == 500, exc
         return set()
@@ -213,12 +218,11 @@ def train_page_names(dashboard: str) -> set[str]:
 
 
 def train_page_run(dashboard: str, name: str, timeout: float = 60) -> tuple[dict, str]:
-    """The run of that name on the dashboard's Train page, read through its HTTP API once it
-    shows an end (Ray Train reports it as the controller ends), and the whole page's text."""
+    """The run of that name on the dashboard's Train page once it shows an end (Ray Train
+    reports it as the controller ends), and the whole page's text."""
     deadline = time.monotonic() + timeout
     while True:
-        request = urllib.request.Request(f"{dashboard}/api/train/v2/runs/v1", headers=token_headers())
-        body = urllib.request.urlopen(request, timeout=30).read().decode()
+        body = train_page(dashboard)
         runs = [r for r in json.loads(body)["train_runs"] if r["name"] == name]
         if runs and runs[0]["status"] in ("FINISHED", "ERRORED", "ABORTED") or \
                 time.monotonic() > deadline:

@@ -90,6 +90,22 @@ def client_executable(path: str) -> str:
     return shlex.join([sys.executable, "-I", "-S", str(CLIENT), path])
 
 
+def raylets_here(sockets: set[str]) -> dict[str, int]:
+    """The pids of the raylets of these socket names that run on this machine, from /proc."""
+    marks = {f"--raylet_socket_name={name}".encode(): name for name in sockets}
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                cmdline = (entry / "cmdline").read_bytes()
+                found.update({marks[m]: int(entry.name) for m in marks if m in cmdline})
+        except OSError:
+            continue
+        if len(found) == len(marks):
+            break
+    return found
+
+
 def every_node_here() -> bool:
     """Every alive node of the cluster has its raylet on this machine (a test cluster's
     `ray start` nodes, an embedded head): a worker of another machine would be started with
@@ -98,17 +114,7 @@ def every_node_here() -> bool:
     import ray
 
     sockets = {n["RayletSocketName"] for n in ray.nodes() if n.get("Alive")}
-    marks = {f"--raylet_socket_name={name}".encode() for name in sockets}
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit():
-                cmdline = (entry / "cmdline").read_bytes()
-                marks = {mark for mark in marks if mark not in cmdline}
-        except OSError:
-            continue
-        if not marks:
-            return True
-    return False
+    return len(raylets_here(sockets)) == len(sockets)
 
 
 def raylet_pid() -> int:
@@ -117,14 +123,10 @@ def raylet_pid() -> int:
 
     here = ray.get_runtime_context().get_node_id()
     name = next(n["RayletSocketName"] for n in ray.nodes() if n["NodeID"] == here)
-    mark = f"--raylet_socket_name={name}".encode()
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and mark in (entry / "cmdline").read_bytes():
-                return int(entry.name)
-        except OSError:
-            continue
-    raise LookupError(f"no raylet with socket {name}")
+    pid = raylets_here({name}).get(name)
+    if pid is None:
+        raise LookupError(f"no raylet with socket {name}")
+    return pid
 
 
 def start_server(path: str, modules: tuple[str, ...], job_env: dict[str, str]) \
