@@ -283,6 +283,17 @@ def s3_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server (SQLite store, artifacts through it) on a free loopback
+    port, its process group stopped afterwards."""
+    from scripts.mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def bucket(s3_server):
     s3_server.filesystem().create_dir("ckpt-tests")
     return "ckpt-tests"

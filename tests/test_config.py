@@ -15,12 +15,14 @@ from orchestrator.config.preflight import check_command_line, expand_sweep, spli
 from orchestrator.config.rules import require_path_name
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError
+from scripts.mlflow_server import free_port
 from tests.conftest import CliBatch, run_cli
 from tests.helpers import assert_input_error
 
 GROUP_OPTIONS = {
     group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-    for group in ("trainer", "cluster", "storage", "data", "checkpoint", "failure", "log")
+    for group in ("trainer", "cluster", "storage", "data", "checkpoint", "failure", "log",
+                  "tracking")
 }
 
 
@@ -66,6 +68,9 @@ def test_every_option_composes_and_types(override):
         (["trainer=function", "trainer.fn=tests.user_trainers:fails_at_step_35",
           "trainer.name=/tmp/x"], "trainer.name='/tmp/x'"),
         (["log.progress=fancy"], "log.progress='fancy'"),
+        (["tracking=wandb"], "tracking="),
+        (["tracking=mlflow", "tracking.buffer=10"], "tracking.buffer=10"),
+        (["tracking=mlflow", "tracking.flush_s=-1"], "tracking.flush_s=-1"),
         (["log.progress_every_s=0"], "log.progress_every_s=0"),
         (["log.ray_verbose=maybe"], "log.ray_verbose='maybe'"),
         (["failure.spare_after_s=-1"], "failure.spare_after_s=-1"),
@@ -204,7 +209,10 @@ def test_user_model_keys_are_free_form():
 # test_bad_overrides_name_the_key).
 BAD_CONFIG = {"group": (["trainer=tensorflowz"], "trainer="),
               "across": (["cluster.workers=2", "cluster.min_workers=4"], "cluster.min_workers"),
-              "unknown": (["no_such_key=1"], "no_such_key")}
+              "unknown": (["no_such_key=1"], "no_such_key"),
+              # Nothing listens there: one line naming the key, before Ray starts.
+              "tracking": (["tracking=mlflow", f"tracking.uri=http://127.0.0.1:{free_port()}"],
+                           "tracking.uri=http://127.0.0.1:")}
 
 
 @pytest.fixture(scope="module")

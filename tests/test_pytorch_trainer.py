@@ -64,9 +64,14 @@ def ids_per_step(log_dir, record: dict) -> dict[int, list[int]]:
 
 
 def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_same_samples(
-        ray_head, tmp_path):
+        ray_head, tmp_path, mlflow_server):
+    """Also MLflow (tracking=mlflow, a real server): the killed, interrupted and resumed run
+    is one MLflow run whose curves are the uninterrupted run's, each step once, though the
+    server went away (SIGSTOP) while the run restarted and trained on."""
     project, storage = user_project(tmp_path), tmp_path / "ckpt"
-    cluster = [f"cluster.address={ray_head.address}", "cluster.cpus_per_worker=0.5"]
+    cluster = [f"cluster.address={ray_head.address}", "cluster.cpus_per_worker=0.5",
+               "tracking=mlflow", f"tracking.uri={mlflow_server.uri}",
+               "tracking.experiment=killed-and-straight"]
     logs = {name: tmp_path / f"ids-{name}" for name in ("killed", "resized")}
     logs["straight"] = project / "ids-straight"  # given relative to the command's folder
     for folder in logs.values():
@@ -93,14 +98,20 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     rec = wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 2,
                    tmp_path / "killed")
     os.kill(rec["workers"][1]["pid"], signal.SIGKILL)
+    mlflow_server.pause()  # away while the group restarts and trains on
+    paused_at = read_record(tmp_path / "killed")["steps"]
     # Step 200 committed after the restart: the run is at most at the gate (250), short of 300.
     first = wait_for(lambda r: r.get("restarts") == 1 and
                      200 in [c["step"] for c in r["checkpoints"]], tmp_path / "killed")
+    mlflow_server.resume()
+    assert first["steps"] >= 200 > paused_at  # training never waited for the server
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-3000:]
     assert "the newest committed checkpoint (step 200) is kept for a resume" in out
     assert read_record(tmp_path / "killed")["status"] == "interrupted"
+    tracked = mlflow_runs(mlflow_server, "killed-and-straight")
+    assert tracked["killed"].info.status == "KILLED", out[-3000:]
     gate.unlink()
     # 2's run (below) goes alongside the same command again.
     resized = start_run(tmp_path / "resized", *cluster, *job(logs["resized"], storage),
@@ -122,6 +133,7 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     a, b = model_at(storage, "killed"), model_at(storage, "straight")
     assert all(torch.equal(a[k], b[k]) for k in a), "the killed-and-resumed run differs"
     assert rec["metrics"] == straight_rec["metrics"]
+    assert_one_mlflow_run_like_the_straight_one(mlflow_server, storage)
 
     # 2. The killed run's checkpoint at step 100, resumed by one worker: 8 micro-batches a step
     # instead of 4, the same rows at every step, the same parameters up to float rounding.
@@ -135,6 +147,45 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     a, b = model_at(storage, "resized"), model_at(storage, "straight")
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst < 1e-4, f"parameters differ by {worst}"
+
+
+def mlflow_runs(server, experiment: str) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(server.uri)
+    found = client.get_experiment_by_name(experiment)
+    return {r.info.run_name: r for r in client.search_runs([found.experiment_id])}
+
+
+def assert_one_mlflow_run_like_the_straight_one(server, storage) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(server.uri)
+    runs = mlflow_runs(server, "killed-and-straight")
+    assert sorted(runs) == ["killed", "resized", "straight"]  # one across the kill, Ctrl-C, rerun
+    killed, straight = runs["killed"], runs["straight"]
+    assert killed.info.status == straight.info.status == "FINISHED"
+    kept = json.loads((storage / "killed" / "mlflow.json").read_text())
+    assert kept["run_id"] == killed.info.run_id
+
+    def curve(run, key):
+        return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
+                                                  key=lambda m: m.step)]
+
+    loss = curve(killed, "loss")
+    assert [step for step, _ in loss] == list(range(1, STEPS + 1))  # each step once
+    assert loss == curve(straight, "loss")  # bit for bit, the values logged while away included
+    assert {v for _, v in curve(killed, "cluster/world_size")} == {2}
+    assert max(v for _, v in curve(killed, "cluster/restarts")) == 1
+    assert curve(killed, "eval/test_accuracy") == curve(straight, "eval/test_accuracy") != []
+    params, tags = killed.data.params, killed.data.tags
+    assert params["trainer.max_steps"] == str(STEPS) and params["run.name"] == "killed"
+    assert params["tracking.uri"] == server.uri and "trainer.gate" in params
+    assert tags["orchestrator.trainer"] == "ddp" and tags["orchestrator.run_name"] == "killed"
+    assert tags["checkpoint.latest"] == tags[f"checkpoint.step_{STEPS:09d}"]
+    assert tags["checkpoint.latest"].endswith(f"step_{STEPS:09d}")
+    assert f"checkpoint.step_{100:09d}" in tags  # every committed checkpoint's URI
+    assert "run.json" in [a.path for a in client.list_artifacts(killed.info.run_id)]
 
 
 def test_freed_host_memory_goes_back_for_a_sharded_job_on_cpu_unless_told_otherwise():

@@ -104,11 +104,12 @@ def test_a_search_stops_a_poor_trial_records_a_failing_one_and_a_rerun_skips_fin
 
 
 def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_checkpoints(
-        ray_head, tmp_path):
+        ray_head, tmp_path, mlflow_server):
     """Run from a user's folder with relative paths (storage.uri=ckpt): the trials' checkpoints
     are under that folder, not Tune's; Ctrl-C exits 130 with the trials recorded as
     interrupted, and the one waiting for room as not started, in sweep.json and scaling.md;
-    the same command resumes each from its own newest checkpoint and runs the third."""
+    the same command resumes each from its own newest checkpoint and runs the third. Tracked
+    in MLflow (a real server): one parent run, one nested run per trial, across the resume."""
     project, gate = tmp_path / "project", tmp_path / "gate"
     project.mkdir()
     gate.write_text("hold")
@@ -117,7 +118,8 @@ def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_c
            "trainer.lr=0.1,0.05,0.02", "hydra.sweeper.max_concurrent=2",
            "checkpoint.every_steps=50",
            "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
-           "+trainer.hold_at=120"]
+           "+trainer.hold_at=120", "tracking=mlflow", f"tracking.uri={mlflow_server.uri}",
+           "tracking.experiment=ctrl-c-sweep"]
     env = cli_env({"PYTHONPATH": str(REPO)})  # the gated function is the repository's
     proc = subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -152,6 +154,28 @@ def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_c
     for run in resumed:
         assert (run["resumed_from_step"] or 100) >= 100 and run["checkpoint_uri"].startswith(
             str(project / "ckpt")), run
+    assert_a_parent_run_with_a_nested_run_per_trial(mlflow_server, rec)
+
+
+def assert_a_parent_run_with_a_nested_run_per_trial(server, rec: dict) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(server.uri)
+    experiment = client.get_experiment_by_name("ctrl-c-sweep")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert [p.info.run_name for p in parents] == [rec["name"]]  # one, though resumed
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
+        "sweep.json", "scaling.md", "scaling.png"}
+    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(trials) == len(runs) - 1 == 3  # a resumed trial continued its own run
+    assert sorted(t.data.params["trainer.lr"] for t in trials) == ["0.02", "0.05", "0.1"]
+    assert all(t.info.status == "FINISHED" and t.data.metrics.get("loss") is not None
+               for t in trials)
+    assert {t.info.run_name for t in trials} == {
+        read_record(Path(r["run_dir"]))["run_name"] for r in rec["trials"]}
 
 
 def test_an_invalid_value_in_a_sweep_stops_it_before_any_trial(tmp_path):

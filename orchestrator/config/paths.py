@@ -32,3 +32,14 @@ def resolve_paths(cfg: DictConfig, base: Path) -> None:
         node = OmegaConf.select(cfg, parent) if parent else cfg
         with open_dict(node):
             node[leaf] = os.path.normpath(base / path)
+    resolve_tracking_uri(cfg, base)
+
+
+def resolve_tracking_uri(cfg: DictConfig, base: Path) -> None:
+    """tracking.uri's local store (file:./mlruns, sqlite:///mlflow.db, a folder) under base."""
+    from orchestrator.tracking.uri import absolute_uri
+
+    uri = OmegaConf.select(cfg, "tracking.uri", default=None)
+    if isinstance(uri, str) and uri.strip() and absolute_uri(uri, base) != uri:
+        with open_dict(cfg.tracking):
+            cfg.tracking.uri = absolute_uri(uri, base)

@@ -19,6 +19,7 @@ from orchestrator.config.messages import as_config_error, composition_error
 from orchestrator.config.paths import resolve_paths
 from orchestrator.config.typed import to_typed
 from orchestrator.errors import ConfigError, one_line
+from orchestrator.tracking.for_run import checked_tracking
 
 if TYPE_CHECKING:
     from orchestrator.worker.training_function import Training
@@ -127,6 +128,7 @@ def check_command_line(argv: list[str], conf_dir: Path, before_parts=None) -> in
             to_typed(cfg)  # its errors name the values as the user gave them
             resolve_paths(cfg, Path.cwd())  # as launch will: its checks are these (once.py)
             typed = to_typed(cfg)
+            checked_tracking(typed)  # the server answers: before Ray, before any part is tried
             starts = partial(before_parts, cfg, typed) if before_parts is not None and \
                 not multirun and runs_a_job(argv) else None
             training = check_trainer(cfg, typed, checked, starts)

@@ -281,6 +281,34 @@ class LogConfig:
                 "a number of seconds > 0")
 
 
+TRACKERS = ("none", "mlflow")
+
+
+@dataclass
+class TrackingConfig:
+    """Where runs are logged besides run.json and TensorBoard (orchestrator/tracking/)."""
+
+    name: str = "none"  # none | mlflow
+    uri: str | None = None  # mlflow: http(s)://host:port, file:./mlruns, sqlite:///mlflow.db
+    experiment: str | None = None  # null: <trainer>-<data>
+    required: bool = True  # false: a server that does not answer at the start is a warning
+    buffer: int = 100_000  # metric values kept while the server is away (then the oldest go)
+    flush_s: float = 30.0  # at the end, how long the run waits for the server to take the rest
+    parent_run_id: str | None = None  # the MLflow run this one is nested in (a sweep's)
+
+    def __post_init__(self) -> None:
+        require(self.name in TRACKERS, "tracking", self.name, "one of " + ", ".join(TRACKERS))
+        if self.uri is not None:
+            require(self.uri.strip() != "", "tracking.uri", self.uri,
+                    "http(s)://host:port, file:./mlruns or sqlite:///mlflow.db")
+        require(self.buffer >= 1000, "tracking.buffer", self.buffer, "an integer >= 1000")
+        require(0 <= self.flush_s <= 3600, "tracking.flush_s", self.flush_s,
+                "a number of seconds from 0 to 3600")
+        if self.experiment is not None:
+            require(self.experiment.strip() != "", "tracking.experiment", self.experiment,
+                    "an experiment's name, or null (<trainer>-<data>)")
+
+
 @dataclass
 class RunSection:
     name: str | None = None  # null = derived from trainer, data and seed, so a rerun resumes
@@ -318,6 +346,7 @@ class Config:
     failure: FailureConfig = field(default_factory=FailureConfig)
     run: RunSection = field(default_factory=RunSection)
     log: LogConfig = field(default_factory=LogConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     seed: int = 0
     resume: str = "auto"  # auto | never | a checkpoint URI
 

@@ -65,6 +65,7 @@ from orchestrator.ray_internals.train_hooks import (
 )
 from orchestrator.storage.location import credential_chain_env
 from orchestrator.storage.probe import check_cluster_storage, remove_created_bucket
+from orchestrator.tracking.for_run import checked_tracking, open_tracking, start_tracking
 from orchestrator.worker.loop import train_loop_per_worker
 from orchestrator.worker.start import WorkerSpec
 from orchestrator.worker.training_function import (
@@ -102,6 +103,9 @@ def checked_run(cfg_node: DictConfig) -> CheckedRun:
     training = check_training(OmegaConf.to_container(cfg_node.trainer, resolve=True), data)
     check_cluster(training.backend, cfg.cluster.gpus_per_worker)
     refuse_what_never_fits_before_ray(cfg)
+    tracking_problem = checked_tracking(cfg)
+    if tracking_problem:  # tracking.required=false: said, and retried while the run trains
+        log.warning("tracking.uri: %s; the run trains, its metrics wait for it", tracking_problem)
     return CheckedRun(cfg, training, data,
                       make_plan(cfg, training.config, data, training.info.streams,
                                 training.info.run_label(training.config)
@@ -120,7 +124,9 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
     if run.plan.finished is not None:
         return said_finished(run, record_path, started_at)
     winding_down = DeferredInterrupt()  # armed once fit() returns (orchestrator/driver/interrupts.py)
-    storage_checked = False
+    storage_checked, final = False, None
+    tracker = start_tracking(cfg.tracking, run.plan, trainer_name(run), cfg.data.name,
+                             run_config(run, cfg_node), command_folder())
     try:
         # Started by the CLI beside its checks when it could (orchestrator/driver/session_start.py).
         env = session_env(cfg, run.training.backend)
@@ -133,10 +139,12 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
             # the marker lets each worker check its own node, nodes joining later included.
             storage_checked = True  # its own refusal removes a bucket it finds created
             storage_marker = check_cluster_storage(run.plan, joined=session.joined)
-            record, recorder = open_record(run, cfg_node, session, output_dir, started_at)
+            open_tracking(tracker, cfg.tracking)
+            record, recorder = open_record(run, cfg_node, session, output_dir, started_at,
+                                           tracker is not None)
             try:
                 code, status, error = train(run, session, recorder, output_dir, storage_marker,
-                                            winding_down)
+                                            winding_down, tracker)
                 final = ray.get(recorder.finish.remote(status, error))
             except RayActorError as exc:  # the recorder itself (the controller's is fit()'s)
                 code, final = 1, recorder_lost(exc, record_path, record)
@@ -146,6 +154,7 @@ def launch(cfg_node: DictConfig, output_dir: Path, started_at: float) -> int:
         return input_error(exc)
     finally:
         winding_down.disarm()
+        end_tracking(tracker, final, record_path)
     summarize(final, record_path)
     if final["status"] == "succeeded":
         keep_finished(run, final)
@@ -236,7 +245,7 @@ def refuse_what_never_fits(cfg: Config, session: RaySession) -> None:
 
 
 def open_record(run: CheckedRun, cfg_node: DictConfig, session: RaySession, output_dir: Path,
-                started_at: float):
+                started_at: float, tracked: bool = False):
     """Say where everything is, and start the run's recorder actor (run.json, TensorBoard,
     metrics): (the record as the run begins, the recorder)."""
     cfg, plan = run.cfg, run.plan
@@ -252,13 +261,35 @@ def open_record(run: CheckedRun, cfg_node: DictConfig, session: RaySession, outp
     log.info("run record: %s", record_path)
     if tensorboard_dir:
         log.info("TensorBoard: tensorboard --logdir %s", tensorboard_dir)
-    trainer = run.training.config
-    config = redact({**OmegaConf.to_container(cfg_node, resolve=True), "trainer": trainer})
-    record = RunRecord(plan.run_name, trainer.get("name") or run.training.path, config,
+    record = RunRecord(plan.run_name, trainer_name(run), run_config(run, cfg_node),
                        plan.run_storage.uri, started_at=started_at)
     return record, start_recorder(str(record_path), record,
                                   str(tensorboard_dir) if tensorboard_dir else None,
-                                  cfg.log.metrics)
+                                  cfg.log.metrics, tracked)
+
+
+def trainer_name(run: CheckedRun) -> str:
+    return run.training.config.get("name") or run.training.path
+
+
+def run_config(run: CheckedRun, cfg_node: DictConfig) -> dict:
+    """The run's config as run.json and the tracking server have it: resolved, redacted."""
+    return redact({**OmegaConf.to_container(cfg_node, resolve=True),
+                   "trainer": run.training.config})
+
+
+def end_tracking(tracker, final: dict | None, record_path: Path) -> None:
+    """The MLflow run ends as the run did, with run.json; a command that ended before
+    training (exit 2 after the start) leaves none behind."""
+    if tracker is None:
+        return
+    if final is None:
+        tracker.cancel()
+        return
+    metrics = {f"eval/{k}": v for k, v in (final.get("metrics") or {}).items()
+               if isinstance(v, (int, float))}
+    tracker.add([(final.get("steps") or 0, time.time(), metrics, {})])
+    tracker.finish(final["status"], [str(record_path)])
 
 
 def recorder_lost(exc: Exception, record_path: Path, record: RunRecord) -> dict:
@@ -276,7 +307,7 @@ def recorder_lost(exc: Exception, record_path: Path, record: RunRecord) -> dict:
 
 
 def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, storage_marker,
-          winding_down: DeferredInterrupt) -> tuple[int, str, str | None]:
+          winding_down: DeferredInterrupt, tracker=None) -> tuple[int, str, str | None]:
     """Ray Train's fit() with the progress display and the placement watch: (exit code,
     status, error)."""
     cfg = run.cfg
@@ -312,7 +343,7 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     watch = PlacementWatch(lambda: ray.get(recorder.waiting_s.remote(), timeout=30),
                            cfg.cluster.placement_timeout_s, describe_workers(scaling_args),
                            controller.stop)
-    with ProgressWatcher(snapshots(recorder), display), watch:
+    with ProgressWatcher(snapshots(recorder, tracker), display), watch:
         code, status, error = run_to_end(ray_trainer, winding_down, bool(run.plan.resume_step),
                                          recorder)
     if watch.reason:
@@ -370,11 +401,17 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
     )
 
 
-def snapshots(recorder):
+def snapshots(recorder, tracker=None):
+    """The progress display's poll; it hands the tracker what the recorder has for it."""
+    tracked_from = [0] if tracker is not None else [None]
+
     def poll(cursor: int):
-        state = ray.get(recorder.snapshot.remote(cursor), timeout=30)
+        state = ray.get(recorder.snapshot.remote(cursor, tracked_from[0]), timeout=30)
         if state.world_size:  # the workers have started: a deferred dashboard may (head_start.py)
             dashboard_may_start()
+        if tracker is not None:
+            tracker.add(state.tracked)
+            tracked_from[0] = state.tracked_cursor
         return state
 
     return poll

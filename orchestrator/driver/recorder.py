@@ -35,7 +35,7 @@ def size(nbytes: int) -> str:
 @ray.remote(num_cpus=0)
 class RunRecorder:
     def __init__(self, path: str, record: RunRecord, tensorboard_dir: str | None = None,
-                 metrics: bool = True):
+                 metrics: bool = True, tracked: bool = False):
         self.path = path
         self.record = record
         self.rate = Rate()
@@ -50,6 +50,11 @@ class RunRecorder:
             from orchestrator.observe.curves import Curves
 
             self.curves = Curves(tensorboard_dir)
+        # The points a tracking server gets (orchestrator/tracking/), the driver takes them
+        # with each snapshot: [(step, time, {tag: value}, {run tag: text})], the first at
+        # index _tracked_from.
+        self._tracked: list | None = [] if tracked else None
+        self._tracked_from = 0
         self.metrics = None
         if metrics:
             from orchestrator.observe.metrics import RunMetrics
@@ -77,6 +82,15 @@ class RunRecorder:
             self.metrics.update(self.record, self.rate.samples_per_s(), self.rate.step_s())
             self._published = now
 
+    def _points(self, step: int, values: dict, at: float | None = None,
+                tags: dict | None = None) -> None:
+        """One step's values by TensorBoard tag: the curves', and the tracking server's (with
+        the run's tags this step set)."""
+        if self.curves:
+            self.curves.add(step, values, at)
+        if self._tracked is not None:
+            self._tracked.append((step, at or time.time(), values, tags or {}))
+
     def _notice(self, message: str, level: str = "INFO") -> None:
         self.notices.append((level, message))
 
@@ -103,18 +117,20 @@ class RunRecorder:
             self._notice(f"after the preemption: {workers} resume at step {step}", "WARNING")
         else:
             self._notice(f"resized from {before} to {world_size} workers at step {step}", "WARNING")
+        self._points(step, {"cluster/world_size": world_size,
+                            "cluster/restarts": self.record.restarts})
         self._write(force=True)
 
     def progress(self, step: int, samples: int, metrics: dict, at: float,
                  points: list | None = None) -> None:
         self.record.progress(step, samples, metrics, at)
         self.rate.add(at, step, samples)
-        if self.curves:
+        if self.curves or self._tracked is not None:
             for point_step, point_metrics in points or [(step, metrics)]:
-                self.curves.add(point_step, {f"train/{k}": v for k, v in point_metrics.items()}, at)
-            self.curves.add(step, {"perf/samples_per_s": self.rate.samples_per_s(),
-                                   "perf/step_seconds": self.rate.step_s(),
-                                   "cluster/world_size": self._world_size()}, at)
+                self._points(point_step, {f"train/{k}": v for k, v in point_metrics.items()}, at)
+            self._points(step, {"perf/samples_per_s": self.rate.samples_per_s(),
+                                "perf/step_seconds": self.rate.step_s(),
+                                "cluster/world_size": self._world_size()}, at)
         self._write()
 
     def _workers_shown(self) -> str | None:
@@ -126,8 +142,7 @@ class RunRecorder:
 
     def evaluated(self, step: int, metrics: dict) -> None:
         self.record.evaluated(step, metrics)
-        if self.curves:
-            self.curves.add(step, {f"eval/{k}": v for k, v in metrics.items()})
+        self._points(step, {f"eval/{k}": v for k, v in metrics.items()})
         self._write(force=True)
 
     def checkpoint(self, step: int, uri: str, nbytes: int, save_s: float, upload_s: float,
@@ -142,9 +157,10 @@ class RunRecorder:
                          f"{written}upload {upload_s:.2f} s)"
                          + (f"; {more} more since the last line" if more else ""))
             self._checkpoints_untold, self._checkpoint_told_at = 0, now
-        if self.curves:
-            self.curves.add(step, {"checkpoint/save_seconds": save_s,
-                                   "checkpoint/upload_seconds": upload_s})
+        self._points(step, {"checkpoint/save_seconds": save_s,
+                            "checkpoint/upload_seconds": upload_s},
+                     tags={"checkpoint.latest": uri,  # and each by its folder's name
+                           f"checkpoint.{uri.rstrip('/').rsplit('/', 1)[-1]}": uri})
         self._write(force=True)
 
     def checkpoint_found(self, step: int, uri: str, nbytes: int) -> None:
@@ -255,17 +271,26 @@ class RunRecorder:
 
     def worker_finished(self, step: int, metrics: dict, at: float) -> None:
         self.record.worker_finished(step, metrics, at)
-        if self.curves:
-            self.curves.add(step, {f"eval/{k}": v for k, v in metrics.items()}, at)
+        self._points(step, {f"eval/{k}": v for k, v in metrics.items()}, at)
         self._write(force=True)
 
-    def snapshot(self, cursor: int = 0) -> ProgressState:
-        """What the driver shows: the count, throughput, and the notices after `cursor`."""
+    def snapshot(self, cursor: int = 0, tracked_from: int | None = None) -> ProgressState:
+        """What the driver shows: the count, throughput, and the notices after `cursor`; with
+        `tracked_from`, the tracked points from there (those before it were taken)."""
         self._publish()  # the driver polls twice a second: this keeps the gauges fresh
         r = self.record
+        tracked = self._take_tracked(tracked_from)
         return ProgressState(r.steps, r.total_steps, self._world_size(), r.samples_per_s,
                              self.rate.step_s(), dict(r.train_metrics), self.notices[cursor:],
-                             len(self.notices), self._workers_shown())
+                             len(self.notices), self._workers_shown(), tracked,
+                             self._tracked_from + len(tracked))
+
+    def _take_tracked(self, tracked_from: int | None) -> list:
+        if self._tracked is None or tracked_from is None:
+            return []
+        del self._tracked[:max(0, tracked_from - self._tracked_from)]
+        self._tracked_from = max(self._tracked_from, tracked_from)
+        return list(self._tracked)
 
     def _show_held_lines(self) -> None:
         self.notices.extend(("INFO", f"[rank0] {line}") for line in self._rank0_tracebacks.flush())
@@ -280,9 +305,9 @@ class RunRecorder:
 
 
 def start_recorder(path: str, record: RunRecord, tensorboard_dir: str | None = None,
-                   metrics: bool = True):
+                   metrics: bool = True, tracked: bool = False):
     """Start the recorder pinned to this (the driver's) node."""
     node_id = ray.get_runtime_context().get_node_id()
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     return RunRecorder.options(scheduling_strategy=strategy).remote(path, record, tensorboard_dir,
-                                                                   metrics)
+                                                                   metrics, tracked)

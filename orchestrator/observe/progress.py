@@ -35,6 +35,10 @@ class ProgressState:
     # A coordinating trainer's own words for its processes ("3 workers, 1 parameter server"),
     # shown instead of the count of Ray Train's workers (its one coordinator)
     workers_shown: str | None = None
+    # For a tracking server: (step, time, {tag: value}, {run tag: text}) from the cursor
+    # asked for, and the cursor that follows them
+    tracked: list = field(default_factory=list)
+    tracked_cursor: int = 0
 
 
 def clock(seconds: float) -> str:

@@ -21,11 +21,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.schema import ClusterConfig
-from orchestrator.errors import print_error
+from orchestrator.errors import ConfigError, print_error
 from orchestrator.sweep.config import RayTuneSweeperConf
 from orchestrator.sweep.metric import needs_metric
 from orchestrator.sweep.report import write_report
 from orchestrator.sweep.space import SweepSpace, build_space, check_search, tune_space
+from orchestrator.sweep.tracking import end_parent, open_parent
 from orchestrator.sweep.trial import TrialContext, read_record, run_trial
 
 log = logging.getLogger("orchestrator")
@@ -176,6 +177,11 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     from orchestrator.ray_internals.cluster import without_token_auth_notice
 
     without_token_auth_notice()
+    try:
+        parent = open_parent(config, name, sweep_dir, space)  # the trials' runs nest in it
+    except ConfigError as exc:
+        print_error(str(exc))
+        return 2
     with sweep_session(config, cluster, space) as session:
         if session.dashboard_url:
             log.info("Ray dashboard: %s (%s)", session.dashboard_url,
@@ -187,7 +193,8 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
         ctx = TrialContext(hydra_context, config, Singleton.get_state(), space, str(sweep_dir),
                            name, conf.metric, budget,
                            run_name=config.run.name or name, command_dir=os.getcwd(),
-                           metric_required=needs_metric(conf))
+                           metric_required=needs_metric(conf),
+                           tracking_parent=(parent.run_id, parent.experiment) if parent else None)
         tuner = make_tuner(conf, ctx, sweep_dir, grid, at_once, int(config.get("seed", 0)))
         logging.getLogger(TUNE_LOGGER).addFilter(NoTunerRestoreAdvice())
         with StopOnCtrlC() as ctrl_c:
@@ -199,15 +206,22 @@ def run_sweep(conf: RayTuneSweeperConf, hydra_context, config: DictConfig,
     if ctrl_c.seen:  # the trials the search had not drawn yet: the same command runs them
         rows += [not_started(i) for i in range(grid - len(rows))]
     summary = summarize(conf, name, sweep_dir, space, rows, at_once, budget, started)
-    summary["status"] = "interrupted" if ctrl_c.seen else "done"
+    return reported(summary, sweep_dir, ctrl_c.seen, parent)
+
+
+def reported(summary: dict, sweep_dir: Path, interrupted: bool, parent) -> int:
+    """sweep.json, the scaling report (on the terminal, and the sweep's MLflow run's); the
+    sweep's exit code."""
+    summary["status"] = "interrupted" if interrupted else "done"
     paths = write_report(summary, sweep_dir)
-    failed = [r for r in rows if r["status"] == "failed"]
+    failed = [r for r in summary["trials"] if r["status"] == "failed"]
     print_summary(summary, paths, failed)
-    if ctrl_c.seen:
+    code = 130 if interrupted else 1 if failed else 0
+    end_parent(parent, code, paths)
+    if interrupted:
         log.warning("sweep %s interrupted: finished trials are kept; the same command runs the "
-                    "rest, each from its newest checkpoint", name)
-        return 130
-    return 1 if failed else 0
+                    "rest, each from its newest checkpoint", summary["name"])
+    return code
 
 
 def release_trial_groups(session) -> None:

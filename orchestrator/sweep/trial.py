@@ -41,6 +41,7 @@ class TrialContext:
     run_name: str  # run.name, else the sweep's name: each trial appends its id
     command_dir: str  # where the command ran: a trial's relative paths are relative to it
     metric_required: bool = True  # the search or scheduler compares trials by the metric
+    tracking_parent: tuple[str, str] | None = None  # the sweep's MLflow run: (id, experiment)
 
 
 def compose_trial(ctx: TrialContext, params: dict, trial_id: str) -> DictConfig:
@@ -63,6 +64,8 @@ def compose_trial(ctx: TrialContext, params: dict, trial_id: str) -> DictConfig:
         if cfg.cluster.cpus_per_worker is None:  # concurrent trials share the cluster evenly
             cfg.cluster.cpus_per_worker = cpu_share(ctx.cpu_budget, cfg.cluster.workers)
         cfg.run.name = f"{ctx.run_name}-{trial_id}"  # trials differ: each its own checkpoints
+        if ctx.tracking_parent:  # its MLflow run nested in the sweep's, in its experiment
+            cfg.tracking.parent_run_id, cfg.tracking.experiment = ctx.tracking_parent
     # The trial runs in Tune's working folder, not in the command's.
     resolve_paths(cfg, Path(ctx.command_dir))
     return cfg
