@@ -515,17 +515,25 @@ class CheckpointStore:
                         rank, step, one_line(exc)[:200])
 
     # -- writing: rank 0's commit --------------------------------------------------------
-    def parts(self, step: int, attempt: str) -> dict[int, dict]:
-        """The part records of one attempt written so far: {rank: record}."""
+    def parts(self, step: int, attempt: str, known: dict[int, dict] | None = None
+              ) -> dict[int, dict]:
+        """The part records of one attempt written so far: {rank: record}. One listing, and a
+        read of each record not in ``known`` (those read by an earlier poll of the same wait:
+        a part record is written once, atomically), so that a wait for N ranks reads each
+        record once, not once per poll (scripts/bench.py scale counts the requests)."""
         selector = pafs.FileSelector(join(self.ref(step).path, PARTS), allow_not_found=True)
         found = {}
         for info in self.fs.get_file_info(selector):
             match = re.match(rf"^{re.escape(attempt)}-rank_(\d+)\.json$", info.base_name)
             if match and info.type == pafs.FileType.File:
+                rank = int(match.group(1))
+                if known and rank in known:
+                    found[rank] = known[rank]
+                    continue
                 where = f"{self.ref(step).uri}/{PARTS}/{info.base_name}"
                 record = parse_record(self._read_record(step, f"{PARTS}/{info.base_name}", where),
                                       where)
-                found[int(match.group(1))] = check_part_record(record, where)
+                found[rank] = check_part_record(record, where)
         return found
 
     def wait_for_parts(self, step: int, attempt: str, world_size: int,
@@ -536,10 +544,11 @@ class CheckpointStore:
         started = time.monotonic()
         deadline = backoff.end(started)
         where = f"listing the parts of {self.ref(step).uri}"
+        found: dict[int, dict] = {}
         while True:
             # A listing error is retried like any other operation, within what is left of the
             # wait: the parts may all be there (it used to abandon the checkpoint at once).
-            found = self._retry(where, lambda: self.parts(step, attempt),
+            found = self._retry(where, lambda known=found: self.parts(step, attempt, known),
                                 replace(backoff, until=deadline))
             failed = {r: p["failed"] for r, p in found.items() if "failed" in p}
             if failed:
