@@ -21,6 +21,9 @@ Benchmarks (scripts/benchmarks/*.py; baselines in scripts/baselines/, each runna
                   parameters); the pipeline bubble of GPipe and 1F1B at M=4 and 8 vs the ideal
   ps              samples/s with one of 4 workers stopped a while: asynchronous trainer=tf_ps vs
                   synchronous trainer=mwms (the speed each keeps)
+  scale           the control plane at 16-1,024 simulated ranks against a real S3 server: one
+                  checkpoint's commit after the last part, its requests; run.json after 1,000
+                  attempts (not part of `all`)
 
 Every comparison runs its sides in the same run, interleaved (A B, then B A, ...), and reports
 ratios of medians: the machine is shared and noisy, absolute times mean little. The load
@@ -54,7 +57,7 @@ BENCHMARKS = ("ddp_throughput", "fixed_cost", "recovery", "boosting", "memory", 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", choices=(*BENCHMARKS, "all"))
+    p.add_argument("name", choices=(*BENCHMARKS, "scale", "all"))
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats per benchmark")
     p.add_argument("--markdown", default="bench.md", help="where to write the Markdown summary")
     p.add_argument("--json", default=None, help="also write the JSON here")
@@ -126,6 +129,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--script-epochs", type=int, default=20, help="script_vs_torchrun's epochs")
     g.add_argument("--shuffle-window", type=int, default=1, help="shuffle_window's data.window")
     g.add_argument("--shuffle-seeds", type=int, default=3, help="shuffle_window's seeds")
+    g.add_argument("--scale-sizes", type=lambda v: tuple(int(n) for n in v.split(",")),
+                   default=(16, 64, 256, 1024), help="scale's simulated ranks")
     return p
 
 

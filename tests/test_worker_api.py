@@ -176,6 +176,53 @@ def test_a_preemption_notice_saves_at_that_step_and_stops_the_loop(tmp_path):
     assert context(tmp_path).start_step == notice_step
 
 
+class Replayed:
+    """The collective as a rank other than 0 sees it: rank 0's broadcasts, in order."""
+
+    def __init__(self, proposals: list):
+        self.proposals = list(proposals)
+
+    def broadcast(self, value):
+        return self.proposals.pop(0) if value is None else value
+
+    def preemption_info(self):
+        return None
+
+
+class Recording(OneRank):
+    def __init__(self):
+        super().__init__()
+        self.proposals = []
+
+    def broadcast(self, value):
+        self.proposals.append(value)
+        return value
+
+
+def test_a_step_costs_rank_0_a_report_now_and_then_and_the_other_ranks_no_actor_call(tmp_path):
+    """The control plane at 1,024 ranks (issue 65): rank 0 batches its steps' reports (about
+    four a second, not one a step), and no other rank calls the recorder per step, so the
+    recorder's load does not grow with the world size."""
+    recorder, collective = Recorder(), Recording()
+    spec = worker_spec(tmp_path, recorder, every_steps=10**6)
+    start = start_point(spec, 0, collective, tmp_path / "w0")
+    ranks = [WorkerContext(spec, 0, 0, 1024, [], start, collective, tmp_path / "w0")]
+    steps = 2000
+    for step in range(1, steps + 1):
+        ranks[0].step_done(step, {"loss": 1.0 / step}, samples=4)
+    reports = len(recorder.named("progress"))
+    assert 1 <= reports <= 100  # batched by time: the loop above takes well under 25 s
+    assert recorder.named("progress")[0][0] == 1  # the first at once, the rest batched
+    before = len(recorder.calls)
+    other = WorkerContext(worker_spec(tmp_path, recorder, every_steps=10**6), 513, 1, 1024, [],
+                          start, Replayed(collective.proposals[1:]), tmp_path / "w513")
+    for step in range(1, steps + 1):
+        other.step_done(step, {"loss": 1.0 / step}, samples=4)
+        other.should_save(step)
+        other.should_preempt()
+    assert recorder.calls[before:] == []
+
+
 def test_time_based_checkpoints_are_agreed_at_a_check(tmp_path):
     ctx = context(tmp_path, every_steps=None, every_seconds=1e-6)
     saved = loop(ctx, 3)

@@ -1,0 +1,252 @@
+"""The control plane at 16-1,024 ranks, simulated against the real store (issue 65).
+
+Each simulated rank is a thread running the real checkpoint code (orchestrator/checkpoint/:
+its Committer uploads its file and writes its part record; rank 0's waits for every part,
+then commits the manifest) against a real SeaweedFS S3 server started here. Figures for each
+N: the time from the last rank's part stored to the commit, and the requests sent to the
+store for one checkpoint (every call into the S3 filesystem, counted), in all and per rank;
+rank 0's own requests, and the records it read. And run.json's size after 1,000 worker
+groups that each failed (the run record, as the recorder keeps it).
+
+What is not simulated here: the preemption agreement and the step reports go through Ray
+Train's collective and one recorder actor call per report of rank 0 (never per rank), and
+the storage probe writes one marker per node; see docs/benchmarks.md ("Scale").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from scripts.benchmarks.common import Goal, figure, progress
+
+SIZES = (16, 64, 256, 1024)
+THREADS = 32  # the simulated ranks' uploads in flight at once
+
+
+class CountedFS:
+    """An S3 filesystem that counts each call made to it (each is one or more requests)."""
+
+    def __init__(self, fs, counts: dict, lock: threading.Lock, who: str):
+        self._fs, self._counts, self._lock, self._who = fs, counts, lock, who
+
+    def __getattr__(self, name):
+        attr = getattr(self._fs, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            with self._lock:
+                key = f"{self._who}:{name}"
+                self._counts[key] = self._counts.get(key, 0) + 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def one_checkpoint(server, world: int, work: Path) -> dict:
+    from orchestrator.checkpoint.committer import Committer
+    from orchestrator.checkpoint.retry import Backoff
+    from orchestrator.checkpoint.store import PARTS, CheckpointStore
+    from orchestrator.storage.location import Credentials, StorageSpec
+
+    spec = StorageSpec(f"s3://scale-bench/n{world}-{time.time_ns()}", server.endpoint, "us-east-1",
+                       Credentials(server.access_key, server.secret_key), create_bucket=True)
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+    reads: list[str] = []
+
+    def store_for(rank: int) -> CheckpointStore:
+        store = CheckpointStore(spec)
+        store.fs = CountedFS(store.fs, counts, lock, "rank0" if rank == 0 else "others")
+        if rank == 0:
+            real = store._read_record
+            store._read_record = lambda step, name, where: (
+                reads.append(name) if name.startswith(PARTS) else None,
+                real(step, name, where))[1]
+        return store
+
+    folders = []
+    for rank in range(world):
+        folder = work / f"n{world}" / f"rank{rank}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"shard_{rank}.bin").write_bytes(rank.to_bytes(4, "little") * 256)  # 1 KiB
+        folders.append(folder)
+    committed = {}
+    backoff = Backoff(first_s=0.05, max_s=1.0, deadline_s=600)
+    rank0 = Committer(store_for(0), 0, world, "bench", asynchronous=False, backoff=backoff,
+                      on_commit=lambda c: committed.setdefault("at", time.monotonic()))
+    zero = threading.Thread(target=rank0.snapshot, args=(100, folders[0], {}))
+    started = time.monotonic()
+    zero.start()
+    last_part = [0.0]
+
+    def part(rank: int) -> None:
+        Committer(store_for(rank), rank, world, "bench", asynchronous=False,
+                  backoff=backoff).snapshot(100, folders[rank], {})
+        with lock:
+            last_part[0] = max(last_part[0], time.monotonic())
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(part, range(1, world)))
+    zero.join(timeout=900)
+    if "at" not in committed:
+        raise RuntimeError(f"no commit at N={world}")
+    total = sum(counts.values())
+    rank0_calls = sum(v for k, v in counts.items() if k.startswith("rank0:"))
+    return {"ranks": world, "parts_stored_s": round(last_part[0] - started, 2),
+            "commit_after_last_part_s": round(committed["at"] - last_part[0], 3),
+            "store_calls": total, "store_calls_per_rank": round(total / world, 2),
+            "rank0_calls": rank0_calls, "rank0_part_records_read": len(reads),
+            "calls_by_kind": dict(sorted(counts.items()))}
+
+
+def run_record_size(attempts: int = 1000) -> dict:
+    """run.json after ``attempts`` worker groups, each failed by a worker's error."""
+    from orchestrator.driver.failure_policy import WorkerError
+    from orchestrator.driver.record import RunRecord
+
+    record = RunRecord("scale", "ddp", {"trainer": {"name": "ddp"}}, "s3://bucket/scale",
+                       started_at=time.time())
+    for attempt in range(attempts):
+        step = attempt * 10
+        record.group_started(4, step, time.time(), 100_000)
+        for rank in range(4):
+            record.worker_started(rank, 1000 + attempt * 4 + rank, f"node{attempt % 7}")
+        record.progress(step + 5, 320, {"loss": 0.5}, time.time())
+        record.checkpoint(step + 5, f"s3://bucket/scale/step_{step + 5:09d}", 10_000, 0.1, 0.2)
+        record.worker_error(WorkerError(rank=attempt % 4, step=step + 7, kind="RuntimeError",
+                                        message=f"connection lost #{attempt}",
+                                        traceback="Traceback ...\nRuntimeError: lost\n" * 20))
+        record.group_failed()
+    record.warning("a warning")
+    text = json.dumps(record.to_dict())
+    return {"attempts": attempts, "bytes": len(text.encode()),
+            "world_sizes": len(record.to_dict().get("world_sizes", [])),
+            "failures": len(record.to_dict().get("failures", []))}
+
+
+def probe_time(server, nodes: int) -> dict:
+    """The shared-storage probe (orchestrator/storage/probe.py) as ``nodes`` nodes answer it:
+    the driver's one write, then each node's read of it (its Ray task's body, reads_back), all
+    at once as the tasks run on their nodes, then the probe's removal."""
+    import secrets
+
+    from orchestrator.storage.location import Credentials, StorageSpec
+    from orchestrator.storage.probe import reads_back
+
+    spec = StorageSpec("s3://scale-bench/probe", server.endpoint, "us-east-1",
+                       Credentials(server.access_key, server.secret_key))
+    fs, root = spec.filesystem()
+    path = f"{root}/.orchestrator-probe-{secrets.token_hex(8)}"
+    content = b"written by the driver"
+    started = time.monotonic()
+    with fs.open_output_stream(path) as f:
+        f.write(content)
+    with ThreadPoolExecutor(nodes) as pool:
+        answers = list(pool.map(lambda _: reads_back(spec, path, content), range(nodes)))
+    fs.delete_file(path)
+    return {"nodes": nodes, "seconds": round(time.monotonic() - started, 3),
+            "all_read_it": all(a is None for a in answers)}
+
+
+def recorder_per_step(steps: int = 2000, points_per_report: int = 8) -> dict:
+    """The real run recorder on a real (embedded) Ray: rank 0's reports, each carrying
+    ``points_per_report`` steps (what four reports a second carry at 32 steps/s), and the
+    driver's snapshot twice a second; the recorder's CPU per step, the snapshot's latency."""
+    import os
+    import tempfile
+
+    import ray
+
+    from orchestrator.driver.record import RunRecord
+    from orchestrator.driver.recorder import start_recorder
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        folder = tempfile.mkdtemp(prefix="scale-recorder-")
+        record = RunRecord("scale", "ddp", {}, "file:///tmp/x", started_at=time.time())
+        recorder = start_recorder(os.path.join(folder, "run.json"), record,
+                                  os.path.join(folder, "tb"), metrics=True, tracked=True)
+        pid = ray.get(recorder.__ray_call__.remote(lambda self: os.getpid()))
+        ray.get(recorder.group_started.remote(1024, 0, time.time(), steps))
+
+        def cpu_s() -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        before, latencies, cursor, tracked = cpu_s(), [], 0, 0
+        for first in range(1, steps + 1, points_per_report):
+            points = [(s, {"loss": 1.0 / s}) for s in range(first, first + points_per_report)]
+            recorder.progress.remote(points[-1][0], 32 * points_per_report, points[-1][1],
+                                     time.time(), points)
+            if first % (points_per_report * 2) == 1:  # the driver's poll
+                asked = time.perf_counter()
+                state = ray.get(recorder.snapshot.remote(cursor, tracked))
+                latencies.append(time.perf_counter() - asked)
+                cursor, tracked = state.cursor, state.tracked_cursor
+        ray.get(recorder.snapshot.remote(cursor, tracked))
+        used = cpu_s() - before
+    finally:
+        ray.shutdown()
+    latencies.sort()
+    return {"steps": steps, "points_per_report": points_per_report,
+            "recorder_cpu_ms_per_step": round(1000 * used / steps, 3),
+            "snapshot_latency_ms_p50": round(1000 * latencies[len(latencies) // 2], 2),
+            "snapshot_latency_ms_p99": round(1000 * latencies[int(len(latencies) * 0.99)], 2)}
+
+
+def fitted_exponent(points: list[tuple[int, float]]) -> float | None:
+    """The slope of log(value) against log(N), between the smallest and largest N."""
+    import math
+
+    (n0, v0), (n1, v1) = points[0], points[-1]
+    if v0 <= 0 or v1 <= 0:
+        return None
+    return round(math.log(v1 / v0) / math.log(n1 / n0), 2)
+
+
+def run(args: argparse.Namespace, work: Path) -> dict:
+    from scripts.s3_server import SeaweedS3
+
+    server = SeaweedS3(work / "seaweed").start()
+    try:
+        server.filesystem().create_dir("scale-bench")
+        rows = []
+        for world in getattr(args, "scale_sizes", SIZES):
+            progress(f"scale: one checkpoint of {world} ranks")
+            rows.append(one_checkpoint(server, world, work))
+        progress("scale: the storage probe for 10 and 100 nodes")
+        probes = [probe_time(server, n) for n in (10, 100)]
+    finally:
+        server.stop(kill=True)
+    record = run_record_size()
+    progress("scale: the recorder's CPU per reported step")
+    recorder = recorder_per_step()
+    largest = rows[-1]
+    return {
+        "rows": rows,
+        "probes": probes,
+        "recorder": recorder,
+        "run_record": record,
+        "growth": {"store_calls": fitted_exponent([(r["ranks"], r["store_calls"]) for r in rows]),
+                   "commit_after_last_part_s": fitted_exponent(
+                       [(r["ranks"], max(r["commit_after_last_part_s"], 1e-3)) for r in rows])},
+        "figures": {
+            "commit_after_last_part_s": figure(largest["commit_after_last_part_s"],
+                                               Goal("<=", 2.0), ranks=largest["ranks"]),
+            "store_calls_per_rank": figure(largest["store_calls_per_rank"], Goal("<=", 20),
+                                           ranks=largest["ranks"]),
+            "rank0_part_records_read_per_rank": figure(
+                largest["rank0_part_records_read"] / largest["ranks"], Goal("<=", 1.0)),
+            "run_json_bytes_after_1000_attempts": figure(record["bytes"], Goal("<=", 2**20)),
+            "probe_100_nodes_s": figure(probes[-1]["seconds"], Goal("<=", 10.0)),
+            # rank 0 alone reports, whatever the world size: per step, not per rank and step
+            "recorder_cpu_ms_per_step": figure(recorder["recorder_cpu_ms_per_step"],
+                                               Goal("<=", 5.0)),
+        },
+    }
