@@ -5,6 +5,7 @@ than one module uses are in tests/helpers.py."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -53,10 +54,43 @@ def cli_env(extra: dict | None = None) -> dict:
     return clean_env(extra)
 
 
+_driver_server: list = []  # [process, socket folder] once started
+
+
+def forked(cmd: list[str]) -> list[str]:
+    """A `python -m orchestrator ...` command run by a child of tests/driver_server.py (its
+    first imports done once for the session), through the fork server's client; the command
+    itself where the server cannot start."""
+    if cmd[1:3] != ["-m", "orchestrator"]:
+        return cmd
+    if not _driver_server:
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="orchestrator-drivers-")  # 0700: clients send their env
+        server = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "driver_server.py"), f"{folder}/server.sock"],
+            env={**os.environ, "ORCHESTRATOR_FORK_PARENT": str(os.getpid())},
+            stdin=subprocess.DEVNULL)
+        _driver_server[:] = [server, folder]
+    client = REPO / "orchestrator" / "ray_internals" / "fork_server" / "client.py"
+    return [sys.executable, "-I", str(client), f"{_driver_server[1]}/server.sock", *cmd[1:]]
+
+
+def stop_driver_server() -> None:
+    if _driver_server:
+        import shutil
+
+        server, folder = _driver_server
+        server.kill()
+        server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+        _driver_server.clear()
+
+
 def run_cli(run_dir: Path, *overrides: str, env: dict | None = None, timeout: float = 600,
             flags: tuple[str, ...] = (), cwd: Path = REPO) -> CliResult:
-    proc = subprocess.run(cli_command(run_dir, *overrides, flags=flags), cwd=cwd, env=cli_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(forked(cli_command(run_dir, *overrides, flags=flags)), cwd=cwd,
+                          env=cli_env(env), capture_output=True, text=True, timeout=timeout)
     return CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
@@ -130,8 +164,9 @@ _started: list[subprocess.Popen] = []
 def start_run(run_dir, *overrides, cwd=REPO, env=None, flags: tuple[str, ...] = ()) -> subprocess.Popen:
     """The command, running: a test acts on it (kills, preempts) while it goes. Whatever the
     test leaves running is stopped when it ends (stop_started_runs)."""
-    proc = subprocess.Popen(cli_command(run_dir, *overrides, flags=flags), cwd=cwd, env=cli_env(env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(forked(cli_command(run_dir, *overrides, flags=flags)), cwd=cwd,
+                            env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     _started.append(proc)
     return proc
 
@@ -310,6 +345,10 @@ _exit_status: list[int] = []
 
 def pytest_sessionfinish(session, exitstatus):
     _exit_status[:] = [int(exitstatus)]
+    from tests.conftest import stop_driver_server as stop  # the module the tests imported
+
+    stop()
+    stop_driver_server()  # and pytest's own copy of this file, if a fixture of it started one
 
 
 @pytest.hookimpl(trylast=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from orchestrator.checkpoint.store import MANIFEST, CheckpointStore, step_dir
 from orchestrator.storage.location import StorageSpec, join
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, forked
 
 
 def assert_input_error(result, key: str, storage=None):
@@ -34,7 +34,7 @@ def sweep(sweep_dir: Path, *overrides: str, address: str, timeout: float = 900,
     cmd = [sys.executable, "-m", "orchestrator", "--multirun", *flags,
            f"hydra.sweep.dir={sweep_dir}", f"cluster.address={address}",
            f"storage.uri={sweep_dir.parent / 'ckpt'}", *overrides]
-    proc = subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True,
+    proc = subprocess.run(forked(cmd), cwd=cwd, env=cli_env(), capture_output=True, text=True,
                           timeout=timeout)
     return proc
 

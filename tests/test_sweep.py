@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, _started, cli_env, read_record
+from tests.conftest import REPO, _started, cli_env, forked, read_record
 from tests.helpers import sweep, sweep_record
 
 pytestmark = pytest.mark.slow
@@ -121,7 +121,7 @@ def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_c
            "+trainer.hold_at=120", "tracking=mlflow", f"tracking.uri={mlflow_server.uri}",
            "tracking.experiment=ctrl-c-sweep"]
     env = cli_env({"PYTHONPATH": str(REPO)})  # the gated function is the repository's
-    proc = subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(forked(cmd), cwd=project, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     _started.append(proc)
     deadline = time.time() + 600
@@ -145,7 +145,8 @@ def test_ctrl_c_stops_a_sweep_and_the_same_command_resumes_each_trial_from_its_c
         assert run["checkpoint_uri"].startswith(str(project / "ckpt")), run["checkpoint_uri"]
 
     gate.unlink()
-    again = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    again = subprocess.run(forked(cmd), cwd=project, env=env, capture_output=True, text=True,
+                           timeout=600)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     rec = sweep_record(project / "sweep")
     assert rec["status"] == "done" and all(r["status"] == "succeeded" for r in rec["trials"])

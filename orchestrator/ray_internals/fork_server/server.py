@@ -145,17 +145,14 @@ def run_child(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    argv = request["argv"]
-    # The interpreter's flags before the script (python -u default_worker.py ...), if any.
-    script = next((i for i, arg in enumerate(argv) if arg.endswith(".py")), 0)
-    sys.argv = argv[script:]
+    run = as_main(request["argv"])
     threads_as_asked()
     numpy = sys.modules.get("numpy")
     if numpy is not None:  # its global generator, seeded once here: fresh, as a new process's
         numpy.random.seed()
     code = 1
     try:
-        code = exit_code(lambda: runpy.run_path(sys.argv[0], run_name="__main__"))
+        code = exit_code(run)
     finally:
         # What the interpreter's exit would run: its other threads joined (a checkpoint's
         # upload), then the exit handlers (Ray's worker shuts down in one).
@@ -167,6 +164,21 @@ def run_child(request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
+def as_main(argv: list[str]):
+    """What `python [flags] script.py args` (Ray's default_worker.py) or `python [flags] -m
+    module args` would run, with sys.argv and sys.path as that command would have them."""
+    if "-m" in argv:  # the module's folder search starts with the command's folder, as -m's
+        at = argv.index("-m")
+        sys.argv = ["-m", *argv[at + 2:]]
+        given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:1] = [os.getcwd(), *(p for p in given if p not in sys.path)]
+        return lambda: runpy.run_module(argv[at + 1], run_name="__main__", alter_sys=True)
+    # The interpreter's flags before the script (python -u default_worker.py ...), if any.
+    script = next((i for i, arg in enumerate(argv) if arg.endswith(".py")), 0)
+    sys.argv = argv[script:]
+    return lambda: runpy.run_path(sys.argv[0], run_name="__main__")
+
+
 def same_node_and_job(env: dict) -> bool:
     """The client's process is one this server's raylet started for its job: a worker of
     another node on the same machine (a test cluster's `ray start` nodes, a network
@@ -175,12 +187,13 @@ def same_node_and_job(env: dict) -> bool:
                for key in ("RAY_RAYLET_PID", "RAY_JOB_ID"))
 
 
-def serve(server: socket.socket, conn: socket.socket) -> None:
+def serve(server: socket.socket, conn: socket.socket, admit=same_node_and_job) -> None:
+    """One client's process, forked if ``admit(its environment)``; else the client becomes it."""
     if not same_user(conn):
         conn.close()
         return
     request, fds = receive(conn)
-    if not same_node_and_job(request["env"]):
+    if not admit(request["env"]):
         for fd in fds:
             os.close(fd)
         conn.close()  # no pid: the client becomes the worker itself
