@@ -14,11 +14,9 @@ variables before its first import of it.
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 
-from orchestrator.ray_internals.fork_server.server import end_with_parent, serve
+from orchestrator.ray_internals.fork_server.server import end_with_parent, listen_and_serve
 
 
 def warm() -> None:
@@ -31,18 +29,8 @@ def warm() -> None:
 
 def main() -> None:
     end_with_parent()  # pytest's process (ORCHESTRATOR_FORK_PARENT)
-    path = sys.argv[1]
     warm()
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path + ".tmp")
-    os.rename(path + ".tmp", path)  # the socket appears only once the server is ready
-    server.listen(64)
-    while True:
-        conn, _ = server.accept()
-        try:
-            serve(server, conn, admit=lambda env: True)
-        except (EOFError, OSError, ValueError):
-            conn.close()
+    listen_and_serve(sys.argv[1], admit=lambda env: True)
 
 
 if __name__ == "__main__":

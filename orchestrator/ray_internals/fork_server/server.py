@@ -243,6 +243,11 @@ def main() -> None:
         print("fork server: not serving: an import seeded Ray's ID generator (children would "
               "share IDs)", file=sys.stderr, flush=True)
         return  # no socket: every process starts as Ray starts it
+    listen_and_serve(path)
+
+
+def listen_and_serve(path: str, admit=same_node_and_job) -> None:
+    """Serve the clients of the socket at ``path`` until the process ends."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".tmp")
     os.rename(path + ".tmp", path)  # the socket appears only once the server is ready
@@ -250,7 +255,7 @@ def main() -> None:
     while True:
         conn, _ = server.accept()
         try:
-            serve(server, conn)
+            serve(server, conn, admit)
         except (EOFError, OSError, ValueError):
             conn.close()
 
