@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from orchestrator.errors import ConfigError, one_line
 from orchestrator.redaction import redact_text
 from orchestrator.sweep.space import SweepSpace
-from orchestrator.tracking.uri import shown, tracking_uri
+from orchestrator.tracking.uri import run_page, shown, tracking_uri
 
 log = logging.getLogger("orchestrator")
 
@@ -70,9 +70,8 @@ def parent_run(uri: str, experiment: str, name: str, sweep_dir: Path,
                                 **{f"sweep.{d.key}": redact_text(described(d))[:6000]
                                    for d in space.dimensions}})
     kept_file.write_text(json.dumps({"run_id": run_id, "uri": shown(uri)}) + "\n")
-    where = f"{shown(uri).rstrip('/')}/#/experiments/{eid}/runs/{run_id}" \
-        if uri.startswith(("http://", "https://")) else f"{run_id} in {shown(uri)}"
-    log.info("MLflow: the sweep is run %s; each trial's run is nested in it", where)
+    log.info("MLflow: the sweep is run %s; each trial's run is nested in it",
+             run_page(uri, eid, run_id))
     return client, run_id
 
 

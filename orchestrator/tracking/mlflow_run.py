@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.errors import one_line
 from orchestrator.tracking.points import PointBuffer, Value
-from orchestrator.tracking.uri import shown
+from orchestrator.tracking.uri import run_page, shown
 
 log = logging.getLogger("orchestrator")
 
@@ -116,11 +116,7 @@ class MlflowTracker:
         return False
 
     def where(self) -> str:
-        """The run's page on a server, else its id and store."""
-        uri = shown(self.run.uri).rstrip("/")
-        if uri.startswith(("http://", "https://")):
-            return f"{uri}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
-        return f"{self.run_id} in {uri}"
+        return run_page(self.run.uri, self.experiment_id, self.run_id)
 
     def cancel(self) -> None:
         """The command ends before training (bad input found after the start)."""

@@ -61,6 +61,14 @@ def shown(uri: str) -> str:
     return redact_text(uri, secrets=())
 
 
+def run_page(uri: str, experiment_id: str | None, run_id: str) -> str:
+    """An MLflow run's page on a server, else its id and store, as printed."""
+    base = shown(uri).rstrip("/")
+    if base.startswith(("http://", "https://")):
+        return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{run_id} in {base}"
+
+
 def check_tracking(name: str, given: str | None, required: bool) -> str | None:
     """None when the server answers (or tracking is off); else why not, for a run with
     tracking.required=false to warn about. ConfigError (exit 2) for anything else."""
