@@ -401,3 +401,27 @@ def test_a_controller_destroyed_with_its_placement_group_is_a_stopped_trial_not_
     code, status, error = run_to_end(Trainer("The actor died: OOM"), DeferredInterrupt(), False,
                                      None)
     assert (code, status) == (1, "failed") and error.startswith("Ray Train's controller ended")
+
+
+def test_a_worker_that_told_nothing_is_a_failure_until_its_own_report_arrives():
+    """Ray Train's word on a killed or cut-off worker is recorded (a restart always has its
+    failure); the worker's own report, if it arrives late, replaces it; it is retried, and
+    says it was not when the run failed there."""
+    from orchestrator.driver.failure_policy import WorkerError
+
+    rec = RunRecord("r", "ddp", {"failure": {"max_restarts": 1}}, "/ck")
+    for rank in (0, 1):
+        rec.worker_started(rank, 100 + rank, "node")
+    rec.group_started(2, 0, 1.0)
+    rec.steps = 250
+    rec.worker_lost(0, "ActorDiedError: The actor died unexpectedly")
+    rec.worker_lost(1, "WorkerHealthCheckFailedError: no answer in 10 s")
+    assert [(f["rank"], f["error"], f["pid"], f["lost"]) for f in rec.failures] == \
+        [(0, "ActorDiedError", 100, True), (1, "WorkerHealthCheckFailedError", 101, True)]
+    rec.worker_error(WorkerError(1, 250, "DistBackendError", "timed out", "tb", pid=101))
+    assert [(f["rank"], f["error"]) for f in rec.failures] == \
+        [(0, "ActorDiedError"), (1, "DistBackendError")]
+    rec.finish("failed", "training failed", 2.0)
+    assert rec.failures[0]["decision"] == (
+        "NOT RETRIED, since the run stopped (the worker was lost and told nothing itself)"), \
+        rec.failures[0]["decision"]

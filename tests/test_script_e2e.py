@@ -114,8 +114,8 @@ def test_a_torchrun_script_runs_unchanged_and_a_rank_killed_mid_write_resumes_fr
     # Killed mid-write: the failure named in one line, every committed snapshot whole (the
     # torn one never committed), the restart from the newest, the same final weights.
     rec = runs["killed"].record
-    assert rec["restarts"] == 1 and "rank 0's script killed by SIGKILL" in \
-        rec["failures"][0]["message"], rec["failures"]
+    assert rec["restarts"] == 1 and any("rank 0's script killed by SIGKILL" in f["message"]
+                                        for f in rec["failures"]), rec["failures"]
     snapshots = committed_snapshots(storage, "killed")  # torch.load of each: none torn
     assert resumes_at == 3  # epoch 2's, the last one before the kill
     assert f"Resuming training from snapshot at Epoch {resumes_at}" in log(tmp_path / "killed", 0)

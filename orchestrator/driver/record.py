@@ -48,7 +48,9 @@ class RunRecord:
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     workers: list[dict] = field(default_factory=list)  # the current group: rank, pid, node
-    failures: list[dict] = field(default_factory=list)  # worker exceptions, with the decision
+    # worker exceptions, with the decision; a worker that told nothing (killed, cut off): what
+    # Ray Train saw of it
+    failures: list[dict] = field(default_factory=list)
     preemption_notices: list[dict] = field(default_factory=list)
     # Streamed data: shards, rows and bytes of the data, and the bytes each rank read (its
     # latest worker group's, from the step it started at).
@@ -60,6 +62,7 @@ class RunRecord:
     started_at: float = field(default_factory=time.time)
     _steady_from: tuple[float, int] | None = None  # (time, samples) at the group's first step
     _errors: list = field(default_factory=list)  # (worker group index, WorkerError)
+    _failure_groups: list = field(default_factory=list)  # each failures entry's worker group
     _group: int = 0  # worker groups seen so far (the first worker of each one counts it)
     _group_of_pid: dict = field(default_factory=dict)  # worker pid -> its group
     _preempted_since_start: bool = False
@@ -176,9 +179,9 @@ class RunRecord:
         alike = {g: e for g, e in self._errors if g < group and e.same_failure(error)}
         verdict = classify(list(alike.values()), error)
         self._errors.append((group, error))
-        self.failures.append({"rank": error.rank, "step": error.step, "error": error.kind,
-                              "message": error.message, "decision": verdict.reason,
-                              "pid": error.pid})
+        self._add_failure(group, {"rank": error.rank, "step": error.step, "error": error.kind,
+                                  "message": error.message, "decision": verdict.reason,
+                                  "pid": error.pid})
         if verdict.permanent and self.permanent_error is None:  # the first one is the cause
             self.permanent_error = (f"worker rank {error.rank} at step {error.step}: "
                                     f"{error.kind}: {error.message}\n{error.traceback}")
@@ -186,6 +189,28 @@ class RunRecord:
             self._permanent_why = ("the same error repeated after a restart" if error.retry
                                    else f"{error.kind} is not retried")
         return verdict
+
+    def worker_lost(self, rank: int, message: str) -> None:
+        """Ray Train saw a worker of the current group fail that told nothing itself: its
+        process killed, its node cut off or gone. Replaced by the worker's own report if that
+        arrives later (a partitioned worker's, once its link is back)."""
+        kind, _, text = message.partition(": ")
+        pid = next((w["pid"] for w in self.workers if w["rank"] == rank), None)
+        self._add_failure(self._group, {
+            "rank": rank, "step": self.steps, "error": kind, "message": text,
+            "decision": "RETRY, since " + ("its node was preempted" if self._preempted_since_start
+                                           else "the worker was lost and told nothing itself"),
+            "pid": pid, "lost": True})
+
+    def _add_failure(self, group: int, entry: dict) -> None:
+        told = next((i for i, (g, f) in enumerate(zip(self._failure_groups, self.failures,
+                                                      strict=True))
+                     if g == group and f["rank"] == entry["rank"] and f.get("lost")), None)
+        if told is None:
+            self.failures.append(entry)
+            self._failure_groups.append(group)
+        elif not entry.get("lost"):
+            self.failures[told] = entry  # the worker's own word on it
 
     def failure_line(self) -> str | None:
         """The failure that repeated, in one line (its traceback stays in permanent_error).
@@ -224,17 +249,18 @@ class RunRecord:
     def _not_retried(self) -> None:
         """A failed run's last worker group was not replaced: its failures judged worth a
         retry say they were not retried (RETRY read as if a restart had followed)."""
-        if not self._errors or len(self._errors) != len(self.failures):
+        if not self._failure_groups or len(self._failure_groups) != len(self.failures):
             return  # a record read back from run.json: the groups are not known
-        last = max(group for group, _ in self._errors)
+        last = max(self._failure_groups)
         allowed = (self.config.get("failure") or {}).get("max_restarts") \
             if isinstance(self.config, dict) else None
         why = (f"all {allowed} restarts of failure.max_restarts were used"
                if isinstance(allowed, int) and self.restarts >= allowed else "the run stopped")
-        for entry, (group, _) in zip(self.failures, self._errors, strict=True):
+        for entry, group in zip(self.failures, self._failure_groups, strict=True):
             if group == last and entry["decision"].startswith("RETRY, since "):
-                new = entry["decision"].removeprefix("RETRY, since ").removesuffix(" is new")
-                entry["decision"] = f"NOT RETRIED, since {why} ({new}: new)"
+                new = entry["decision"].removeprefix("RETRY, since ")
+                new = new.removesuffix(" is new") + ": new" if new.endswith(" is new") else new
+                entry["decision"] = f"NOT RETRIED, since {why} ({new})"
 
     # -- output ------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -246,11 +246,14 @@ class RunRecorder:
         if self._no_group_since is None:
             self._no_group_since = time.monotonic()
         self.record.group_failed()
-        for rank, message in sorted(errors.items()):
-            if rank not in self._failed_ranks:
-                self._failed_ranks.add(rank)
-                self._notice(f"fault: worker rank {rank} at step {self.record.steps}: {message}",
-                             "WARNING")
+        lost = sorted(rank for rank in errors if rank not in self._failed_ranks)
+        for rank in lost:
+            self._failed_ranks.add(rank)
+            self.record.worker_lost(rank, errors[rank])
+            self._notice(f"fault: worker rank {rank} at step {self.record.steps}: {errors[rank]}",
+                         "WARNING")
+        if lost:
+            self._write(force=True)
 
     def snapshot_checkpoints(self) -> list[int]:
         """The steps of the checkpoints this run committed, oldest first."""
