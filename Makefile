@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install clean
+.PHONY: run test lint install clean smoke
 
 install: $(STAMP)
 
@@ -23,6 +23,24 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The smoke subset on the oldest Ray of the tested range (pyproject.toml), in an environment of
+# its own: the private hooks checked against it, the default job, DDP and FSDP, a torchrun
+# script, a sweep, killed and interrupted runs, a preemption notice (docs/testing.md).
+SMOKE_RAY ?= 2.58.0
+SMOKE_VENV ?= .venv-ray$(SMOKE_RAY)
+SMOKE_TESTS ?= tests/test_ray_internals.py tests/test_observe.py tests/test_ddp_e2e.py \
+	tests/test_script_e2e.py tests/test_pytorch_trainer.py \
+	"tests/test_sweep.py::test_a_parallelism_sweep_runs_each_trial_and_writes_the_scaling_report" \
+	"tests/test_preemption.py::test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_and_script_at_the_notice"
+
+smoke:
+	test -x $(SMOKE_VENV)/bin/python || $(PYTHON) -m venv $(SMOKE_VENV)
+	$(SMOKE_VENV)/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
+	$(SMOKE_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" \
+		"ray[train,default]==$(SMOKE_RAY)"
+	$(SMOKE_VENV)/bin/python -c "import ray; assert ray.__version__ == '$(SMOKE_RAY)', ray.__version__"
+	$(SMOKE_VENV)/bin/python -m pytest $(SMOKE_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

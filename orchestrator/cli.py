@@ -25,6 +25,7 @@ from orchestrator.config.once import one_command
 from orchestrator.config.preflight import check_command_line
 from orchestrator.config.schema import register_configs
 from orchestrator.errors import ConfigError, print_error
+from orchestrator.ray_internals.versions import untested
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 INTERRUPTED_EARLY = "interrupted before training started; nothing was written"
@@ -92,6 +93,8 @@ def run_command(argv: list[str], started_at: float) -> int:
     global STARTED_AT
     STARTED_AT = started_at
     sys.argv[1:] = quote_commands(argv)
+    for line in untested():  # a Ray or torch outside the tested range: its speed hooks off
+        print(f"warning: {line}", file=sys.stderr, flush=True)
     with one_command():  # the checks below are the launch's too (orchestrator/config/once.py)
         try:
             # Ray starts beside the trial of the user's parts (orchestrator/driver/session_start.py).

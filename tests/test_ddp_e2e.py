@@ -11,7 +11,7 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage.location import StorageSpec
-from tests.conftest import run_cli
+from tests.conftest import finish_run, run_cli, start_run
 
 DIGITS_TRAIN_ROWS = 1437  # 80% of scikit-learn's 1797 digits
 
@@ -53,3 +53,27 @@ def test_sixteen_workers_share_two_cores_on_a_running_cluster_with_a_users_model
     # It joined the running head (its dashboard) instead of starting a Ray of its own.
     assert ray_head.dashboard.split("//")[1] in result.output
     assert "Started a local Ray" not in result.output
+
+
+@pytest.mark.slow
+def test_a_users_compiled_model_trains_under_ddp_and_fsdp(ray_head, tmp_path):
+    """torch.compile in the user's model factory: the workers run torch's own torch._dynamo
+    (no stand-in where user code runs), DDP and FSDP wrap the compiled module, and what is
+    trained and checkpointed is that module (its parameters under _orig_mod)."""
+    from trainers.pytorch.dcp_reading import read_metadata_file
+
+    common = [f"storage.uri={tmp_path / 'ckpt'}", f"cluster.address={ray_head.address}",
+              "cluster.workers=2", "trainer.max_steps=40", "checkpoint.every_steps=40",
+              "trainer.model._target_=tests.user_models.compiled_tiny_net", "~trainer.model.hidden"]
+    procs = {kind: start_run(tmp_path / kind, f"trainer={kind}", f"run.name={kind}", *common)
+             for kind in ("ddp", "fsdp")}
+    results = {kind: finish_run(proc, tmp_path / kind) for kind, proc in procs.items()}
+    for result in results.values():
+        assert result.returncode == 0, result.output[-4000:]
+        rec = result.record
+        assert rec["status"] == "succeeded" and rec["steps"] == 40, rec
+        assert rec["metrics"]["test_accuracy"] > 0.5, rec["metrics"]
+    assert "_orig_mod.0.weight" in final_model(tmp_path / "ckpt", "ddp")
+    (metadata,) = (tmp_path / "ckpt" / "fsdp").glob("step_*/**/.metadata")
+    assert any("_orig_mod.0.weight" in key
+               for key in read_metadata_file(metadata).state_dict_metadata), metadata

@@ -63,6 +63,7 @@ from orchestrator.ray_internals.train_hooks import (
     without_autoscaling_requests,
     without_unneeded_actors,
 )
+from orchestrator.ray_internals.versions import speed_hooks
 from orchestrator.storage.location import credential_chain_env
 from orchestrator.storage.probe import check_cluster_storage, remove_created_bucket
 from orchestrator.tracking.for_run import checked_tracking, open_tracking, start_tracking
@@ -321,22 +322,23 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     # runs many commands in one: set either way).
     os.environ[STATE_TRACKING] = "1" if cfg.cluster.dashboard_train_page else "0"
     ray_trainer = ray_trainer_for(run, ScalingConfig(**scaling_args), recorder, output_dir,
-                                  storage_marker, spares=not session.outlives_run,
+                                  storage_marker, spares=not session.outlives_run and speed_hooks(),
                                   coordinated=coordinated,
                                   py_executable=session.worker_py_executable)
     # A sweep's trial, a service's command (a job that outlives the run) keeps the cleaner:
     # an early-stopped trial's workers must give their CPUs back to the next trials.
-    without_unneeded_actors(ray_trainer, keep_cleaner=session.outlives_run)
-    barrier_in_controller = with_barrier_in_controller()
-    if not session.joined and not cfg.cluster.elastic:  # no autoscaler, nothing to grow into
-        without_autoscaling_requests(ray_trainer)
-        if not session.outlives_run:  # one node, a job that ends with the run
-            with_workers_started_ahead(ray_trainer, barrier_in_controller)
+    if speed_hooks():  # on the Ray and torch they were tested on (ray_internals/versions.py)
+        without_unneeded_actors(ray_trainer, keep_cleaner=session.outlives_run)
+        barrier_in_controller = with_barrier_in_controller()
+        if not session.joined and not cfg.cluster.elastic:  # no autoscaler, nothing to grow into
+            without_autoscaling_requests(ray_trainer)
+            if not session.outlives_run:  # one node, a job that ends with the run
+                with_workers_started_ahead(ray_trainer, barrier_in_controller)
     if cfg.cluster.elastic and cfg.cluster.workers_multiple_of > 1:
         elastic_in_multiples(ray_trainer, cfg.cluster.workers_multiple_of)
     with_permanent_errors_raised(ray_trainer, recorder)
     controller = interrupted_by_ctrl_c(ray_trainer)
-    for problem in hooks_missing(ray_trainer):  # after a Ray upgrade (ray_internals/)
+    for problem in hooks_missing(ray_trainer, speed_hooks()):  # after a Ray upgrade
         log.warning("%s", problem)
         recorder.warning.remote(problem)
     display = make_display(cfg.log.progress, run.training.info.step_unit, cfg.log.progress_every_s)

@@ -30,10 +30,34 @@ def free_resources_per_node() -> dict[str, dict[str, float]]:
 def use_token_auth_if_available() -> None:
     """A head started by `ray start` turns token auth on when a token exists, but in Ray 2.60
     a driver joining it does not (it retries for ~20 s, then fails): do what the head did.
-    Ray's helper also refreshes its cached config, which setting RAY_AUTH_MODE alone does not."""
-    from ray._private.authentication import authentication_token_setup as auth
+    Ray's helper also refreshes its cached config, which setting RAY_AUTH_MODE alone does not.
+    Ray 2.59's helper takes no argument; Ray 2.58 has none: the mode is set as a user of 2.58
+    does by hand, and Ray's config, read at its import, read again (what the helper does)."""
+    try:
+        from ray._private.authentication import authentication_token_setup as auth
 
-    auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        enable = auth.maybe_enable_token_auth_if_token_available
+    except (ImportError, AttributeError):
+        enable = None
+    if enable is not None:
+        try:
+            enable(warn_if_disabled=False)
+        except TypeError:
+            enable()
+        return
+    if not os.environ.get("RAY_AUTH_MODE") and token_exists():
+        os.environ["RAY_AUTH_MODE"] = "token"
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        AuthenticationTokenLoader.instance().reset_cache()
+        Config.initialize("")
+
+
+def token_exists() -> bool:
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token"
+    return Path(path).is_file()
 
 
 # The module whose logger prints "Token authentication is enabled for this Ray cluster. Set

@@ -258,14 +258,26 @@ def with_permanent_errors_raised(ray_trainer, recorder) -> None:
     ray_trainer._initialize_and_run_controller = initialize_and_run_controller
 
 
-def hooks_missing(ray_trainer) -> list[str]:
+def hooks_missing(ray_trainer, speed: bool = True) -> list[str]:
     """What a Ray upgrade took away from the hooks above, one line each (the run goes on
-    without what the hook gave): said once by the driver, and kept in run.json's warnings."""
+    without what the hook gave): said once by the driver, and kept in run.json's warnings.
+    ``speed``: the speed hooks were asked for (not on a Ray outside the tested range)."""
     missing = []
     trainer_class = type(ray_trainer)
     if not callable(getattr(trainer_class, "_register_sigint_handler", None)):
         missing.append("Ray Train's SIGINT hook (_register_sigint_handler) is gone: a Ctrl-C "
                        "stops the run without finishing run.json")
+    if speed:
+        missing += speed_hooks_missing(trainer_class)
+    if not callable(getattr(trainer_class, "_initialize_and_run_controller", None)):
+        missing.append("Ray Train's controller hook (_initialize_and_run_controller) is gone: "
+                       "its AutoscalingCoordinator actor starts on every run, and a permanent "
+                       "worker error starts one more worker group before the run stops")
+    return missing
+
+
+def speed_hooks_missing(trainer_class) -> list[str]:
+    missing = []
     try:
         from ray.train.v2._internal.callbacks import DatasetsCallback  # noqa: F401
         from ray.train.v2._internal.callbacks.placement_group_callback import (  # noqa: F401
@@ -290,8 +302,4 @@ def hooks_missing(ray_trainer) -> list[str]:
         missing.append("Ray Train's synchronization actor can no longer be kept in its "
                        "controller (ray_internals/controller_barrier.py): one starts with "
                        "every worker group")
-    if not callable(getattr(trainer_class, "_initialize_and_run_controller", None)):
-        missing.append("Ray Train's controller hook (_initialize_and_run_controller) is gone: "
-                       "its AutoscalingCoordinator actor starts on every run, and a permanent "
-                       "worker error starts one more worker group before the run stops")
     return missing

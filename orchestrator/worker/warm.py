@@ -11,8 +11,7 @@ a setup hook of its own (`ray job submit` with worker_process_setup_hook): one v
 one hook, and the user's runs. No framework named here: the driver passes the names, the
 backend's (Backend.warm_imports) or the training function's own
 (``training_function(warm_imports=...)``); a name ``module:function`` calls the function once
-the module is imported (the PyTorch trainer's stand-in for torch._dynamo:
-trainers/pytorch/dynamo_stand_in.py).
+the module is imported.
 
 Before the import the hook sets OMP_NUM_THREADS as Ray would for the worker's CPUs (the
 node's own value first, else max(floor(cpus), 1)): Ray sets it only once the worker is placed,

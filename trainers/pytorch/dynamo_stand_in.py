@@ -1,33 +1,28 @@
-"""The driver's trial of the user's parts, and the PyTorch trainer's workers, without
-importing torch._dynamo where nothing compiles.
+"""The driver's trial of the user's parts without importing torch._dynamo where nothing
+compiles. Never in a worker: where training runs, user code meets torch's own module.
 
 torch.optim imports torch._dynamo (about a CPU-second a process: the largest part of the
-trial, and of a worker's start beside torch itself) only to mark its methods as not to be
-compiled: an optimizer's constructor (``add_param_group``) and every ``step`` call torch's
-lazy ``_disable_dynamo`` (``torch._dynamo.disable(fn, recursive, wrapping=False)``, cached on
-the function) and ``graph_break``. Without compiling, neither changes what runs, so a stand-in
-module takes torch._dynamo's place: for torch's lazy marks its ``disable`` gives back a mark
+trial beside torch itself) only to mark its methods as not to be compiled: an optimizer's
+constructor (``add_param_group``) and every ``step`` call torch's lazy ``_disable_dynamo``
+(``torch._dynamo.disable(fn, recursive, wrapping=False)``, cached on the function) and
+``graph_break``. Without compiling, neither changes what runs, so a stand-in module takes
+torch._dynamo's place for the trial: for torch's lazy marks its ``disable`` gives back a mark
 that calls the function (the real module's disable of it once that is loaded), and its
-``graph_break`` does nothing (as the real one does outside compiled code). A worker's process
-also meets two questions: the process group's start clears ``trace_rules``' caches (nothing is
-cached before the real module exists) and DDP's constructor asks
-``utils.get_optimize_ddp_mode()`` (the default of a config nothing has loaded, so nothing has
-changed). Any other use (a part that calls
-``torch.compile``, sets ``torch._dynamo.config``, imports one of its submodules, as DCP does;
-a ``torch._dynamo.disable`` of the user's own) loads the real module, which takes over and
-marks what the stand-in had been asked to: from then on the process is as if the real module
-had been there from the start.
+``graph_break`` does nothing (as the real one does outside compiled code). Any other use (a
+part that calls ``torch.compile``, sets ``torch._dynamo.config``, imports one of its
+submodules; a ``torch._dynamo.disable`` of the user's own) loads the real module, which takes
+over and marks what the stand-in had been asked to: from then on the process is as if the
+real module had been there from the start. The trial leaves no trace of it
+(``without_dynamo``).
 
-The trial leaves no trace of it. A worker of the PyTorch trainer keeps it for its life: its
-setup hook installs it once torch is imported (orchestrator/worker/warm.py,
-``training_function(warm_imports=...)`` in trainers/pytorch/train.py), and the trainer installs
-it where no hook ran (GPU workers). ``python scripts/bench.py fixed_cost`` measures the start.
+The training workers import the real module as they start (trainers/pytorch/train.py:
+WARM_IMPORTS): it stood in there too until a user's ``torch.compile`` under DDP and FSDP
+became a tested feature (tests/test_ddp_e2e.py), ~1 CPU-s more a cold worker.
 
 torch's internals in one place: tests/test_pytorch_tasks.py checks, in fresh interpreters,
 that the default parts' trial imports no torch._dynamo, that parts which compile (or import
-its submodules first) pass in one trial, that what was marked is marked by the real module,
-and that a worker's process group, DDP, optimizers, scheduler and checkpoint leave the
-stand-in in place with the answers the real module gives.
+its submodules first) pass in one trial, and that what was marked is marked by the real
+module.
 """
 
 from __future__ import annotations
@@ -55,8 +50,6 @@ class _StandIn(types.ModuleType):
         self.__path__ = list(spec.submodule_search_locations or [])  # a package, to importlib
         self._marked: list[_Mark] = []  # what disable was asked for
         self._real = None
-        self.trace_rules = _TraceRules(self)
-        self.utils = _Utils(self)
 
     def disable(self, fn=None, recursive=True, **kwargs):
         # torch's lazy marks alone (wrapping=False, once a function); a user's own disable
@@ -129,36 +122,6 @@ class _Mark:
         if self.fn.__dict__.get(MARK) is self:
             setattr(self.fn, MARK, real)
         return real
-
-
-class _Part:
-    """One of torch._dynamo's submodules as a worker's process asks it: the questions above
-    answered while the real module is not loaded, anything else asked of the real one."""
-
-    name = ""
-
-    def __init__(self, stand_in: _StandIn):
-        self._stand_in = stand_in
-
-    def __getattr__(self, attr: str):  # anything else, __name__ and __file__ too: the real one's
-        return getattr(getattr(self._stand_in.load_real(), self.name), attr)
-
-
-class _TraceRules(_Part):
-    name = "trace_rules"
-
-    def clear_lru_cache(self) -> None:
-        if self._stand_in._real is not None:  # before it, nothing of it is cached
-            self._stand_in._real.trace_rules.clear_lru_cache()
-
-
-class _Utils(_Part):
-    name = "utils"
-
-    def get_optimize_ddp_mode(self) -> str:
-        if self._stand_in._real is not None:
-            return self._stand_in._real.utils.get_optimize_ddp_mode()
-        return "ddp_optimizer"  # config.optimize_ddp's default (True): no one loaded the config
 
 
 class _Loaded(importlib.abc.Loader):

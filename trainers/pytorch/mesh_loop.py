@@ -90,7 +90,10 @@ def local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (its storage, written in place), or the tensor itself."""
     from torch.distributed.tensor import DTensor
 
-    return t._local_tensor if isinstance(t, DTensor) else t
+    if not isinstance(t, DTensor):
+        return t
+    with torch.no_grad():  # outside autograd, to_local() is the shard itself, not a copy
+        return t.to_local()
 
 
 def clip_gradients(parameters: list[nn.Parameter], max_norm: float, pp_group) -> None:

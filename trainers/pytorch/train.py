@@ -21,18 +21,15 @@ def check_parts(cfg: dict) -> list[str] | None:
     return check(cfg)
 
 
-# A worker's process imports Ray Train's torch side as it starts, and stands a module in for
-# torch._dynamo (~1 CPU-s a process, which torch.optim and DDP import and use only to mark
-# what not to compile: trainers/pytorch/dynamo_stand_in.py).
-WARM_IMPORTS = ("ray.train.torch", "trainers.pytorch.dynamo_stand_in:install")
+# A worker's process imports Ray Train's torch side as it starts, and torch's own
+# torch._dynamo (torch.optim and DDP import it; a user's torch.compile runs on it): no
+# stand-in where user code runs (the driver's trial has one: dynamo_stand_in.py).
+WARM_IMPORTS = ("ray.train.torch", "torch._dynamo")
 
 
 @training_function(config=PyTorchConfig, check=check_parts, streams=True,
                    warm_imports=WARM_IMPORTS, cluster=check_world)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
-    from trainers.pytorch.dynamo_stand_in import install
     from trainers.pytorch.loop import main as loop
-
-    install()  # where no setup hook did (GPU workers); nothing where torch._dynamo is loaded
 
     return loop(ctx, cfg)

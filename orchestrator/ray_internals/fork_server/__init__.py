@@ -54,10 +54,12 @@ def usable() -> bool:
     """Nothing else decides how the job's processes start: Ray's `py_executable` for a driver
     run by `uv run` (its workers run through uv), a runtime environment hook or a worker setup
     hook of the user's (the forked workers' thread pools follow ours), the raylet killing the
-    children of a worker (a client's child is its worker)."""
+    children of a worker (a client's child is its worker); and a Ray or torch outside the
+    tested range (versions.py)."""
     from orchestrator.ray_internals.knobs import SETUP_HOOK
+    from orchestrator.ray_internals.versions import speed_hooks
 
-    if os.environ.get("RAY_RUNTIME_ENV_HOOK") or os.environ.get(SETUP_HOOK) or \
+    if not speed_hooks() or os.environ.get("RAY_RUNTIME_ENV_HOOK") or os.environ.get(SETUP_HOOK) or \
             os.environ.get("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper",
                            "").lower() in ("1", "true"):
         return False
