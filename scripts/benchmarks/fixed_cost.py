@@ -37,6 +37,9 @@ WARM_TORCHRUN_GOAL = Goal("<=", 1.3)
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "no_dashboard": (["cluster.dashboard=false"], {}),
     "mwms": (["trainer=mwms"], {}),  # the same job under TensorFlow's MultiWorkerMirroredStrategy
+    # What the speed hooks into Ray's private code buy (orchestrator/ray_internals/versions.py:
+    # what a Ray or torch outside the tested range gets); also timed joining the warm head.
+    "no_speed_hooks": ([], {"ORCHESTRATOR_SPEED_HOOKS": "0"}),
 }
 
 
@@ -96,6 +99,10 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         head = start_head(work / "warm-head")
         sides["orchestrator_warm"] = orchestrated(
             "orchestrator_warm", [f"cluster.address={head.address}"], {})
+        for name in args.fixed_variants:  # each variant joining it too
+            overrides, env = VARIANTS[name]
+            sides[f"orchestrator_warm_{name}"] = orchestrated(
+                f"orchestrator_warm_{name}", [*overrides, f"cluster.address={head.address}"], env)
         if tree:  # the older checkout's driver joining it too
             sides["orchestrator_tree_warm"] = orchestrated(
                 "orchestrator_tree_warm", [f"cluster.address={head.address}"], tree_env, tree)
