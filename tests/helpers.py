@@ -191,6 +191,20 @@ def of_raylet(environ: bytes, raylet: int | None) -> bool:
     return f"RAY_RAYLET_PID={raylet}".encode() in environ.split(b"\0")
 
 
+def ray_version() -> tuple[int, int]:
+    """The installed Ray's (major, minor): `make smoke` runs tests on the range's oldest."""
+    from orchestrator.ray_internals.versions import installed, release
+
+    return release(installed("ray"))
+
+
+def embedded_token_auth() -> bool:
+    """A Ray a command starts itself turns token auth on where a token exists: Ray 2.60 does,
+    without RAY_AUTH_MODE; 2.58 and 2.59 only with it."""
+    return bool(token_headers()) and (ray_version() >= (2, 60) or
+                                      os.environ.get("RAY_AUTH_MODE") == "token")
+
+
 def token_headers() -> dict[str, str]:
     """What the dashboard's HTTP API asks of a client where Ray's token auth is on."""
     token = os.environ.get("RAY_AUTH_TOKEN")

@@ -38,7 +38,7 @@ from tests.conftest import (
     read_record,
     wait_for,
 )
-from tests.helpers import token_headers
+from tests.helpers import embedded_token_auth, token_headers
 
 # Ray's own lines that used to fill the terminal (see NOTES.md), by the patterns they carry.
 RAY_NOISE = [r"\(RayTrainWorker pid=\d+", r"\(TrainController pid=\d+", r"PlacementGroupCleaner",
@@ -282,7 +282,7 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
         bound = int(start_time(proc.pid)) + DASHBOARD_DEFER_MAX_S * os.sysconf("SC_CLK_TCK")
         assert len(dashboards) == 1 and int(start_time(dashboards[0])) > min(workers_born, bound)
         beside.check_its_dashboard(dash)
-        if token_headers():
+        if embedded_token_auth():
             assert "ray get-auth-token" in text
             assert http_status(f"{dashboard}/api/version", token_headers()) == 200
             assert http_status(f"{dashboard}/api/version", {}) == 401
@@ -438,7 +438,7 @@ def test_ray_verbose_brings_rays_lines_back_the_bar_draws_and_ctrl_c_at_the_end_
     assert re.search(r"\(TrainController pid=\d+", output)
     # (Ray says it only where the command starts with no RAY_AUTH_MODE: an earlier test's
     # in-process join may have set it in this process, which the command inherits)
-    assert "Token authentication is enabled" in output or not token_headers() or \
+    assert "Token authentication is enabled" in output or not embedded_token_auth() or \
         os.environ.get("RAY_AUTH_MODE")
     # (universal newlines turn the bar's \r into \n here)
     assert "\x1b[Kstep 30/30 [" + "=" * 20 + "] 100% | ETA 0:00 |" in stderr
