@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.ray_internals.knobs import connect_retry_env
+from orchestrator.ray_internals.knobs import connect_retry_env, quiet_log_monitor_env
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -88,11 +88,7 @@ def answers(address: str) -> bool:
 # Ray's defaults (3000 ms x 5), during which an elastic job sizes its new group by a view that
 # still counts the dead node's CPUs. Nothing a test checks depends on that wait.
 HEALTH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5"}
-# A node's log monitor looks for new log files every 0.5 s instead of every 0.1 s (Ray does so
-# itself past 1,000 files): a session's head gathers hundreds of workers' files, and the
-# monitor's globbing was ~4% of the suite's CPU (400 files: 0.79 against 2.13 CPU-s in 30 s).
-# It streams worker lines only to a driver with log_to_driver (log.ray_verbose).
-QUIET_LOG_MONITOR = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"}
+QUIET_LOG_MONITOR = quiet_log_monitor_env()  # new log files looked for every 0.5 s (knobs.py)
 
 
 def start_head(tmp: Path, num_cpus: int = 2, attempts: int = 3) -> RayHead:

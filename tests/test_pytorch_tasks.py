@@ -278,9 +278,12 @@ def test_the_stand_in_hands_over_to_the_real_dynamo_as_if_it_had_been_there():
 WORKER_WITH_DYNAMO = """
 import json, os, sys
 sys.path.insert(0, {tests!r}); sys.path.insert(0, {project!r})
+from orchestrator.driver.backends import backend_named
+from orchestrator.worker.training_function import Training
 from orchestrator.worker.warm import WARM_IMPORTS, import_modules
 from trainers.pytorch.train import main
-os.environ[WARM_IMPORTS] = ",".join(main.__training_info__.warm_imports)
+training = Training("trainers.pytorch.train:main", main, main.__training_info__, backend_named("torch"), {{}})
+os.environ[WARM_IMPORTS] = ",".join(training.warm_imports)  # what the driver hands the workers
 import_modules()  # as Ray's setup hook does in a CPU worker's process
 warm = type(sys.modules.get("torch._dynamo")).__name__
 import torch

@@ -15,8 +15,8 @@ over and marks what the stand-in had been asked to: from then on the process is 
 real module had been there from the start. The trial leaves no trace of it
 (``without_dynamo``).
 
-The training workers import the real module as they start (trainers/pytorch/train.py:
-WARM_IMPORTS): it stood in there too until a user's ``torch.compile`` under DDP and FSDP
+The training workers import the real module as they start (the torch backend's warm imports,
+orchestrator/driver/backends.py): it stood in there too until a user's ``torch.compile`` under DDP and FSDP
 became a tested feature (tests/test_ddp_e2e.py), ~1 CPU-s more a cold worker.
 
 torch's internals in one place: tests/test_pytorch_tasks.py checks, in fresh interpreters,

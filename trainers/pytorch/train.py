@@ -21,14 +21,10 @@ def check_parts(cfg: dict) -> list[str] | None:
     return check(cfg)
 
 
-# A worker's process imports Ray Train's torch side as it starts, and torch's own
-# torch._dynamo (torch.optim and DDP import it; a user's torch.compile runs on it): no
-# stand-in where user code runs (the driver's trial has one: dynamo_stand_in.py).
-WARM_IMPORTS = ("ray.train.torch", "torch._dynamo")
-
-
-@training_function(config=PyTorchConfig, check=check_parts, streams=True,
-                   warm_imports=WARM_IMPORTS, cluster=check_world)
+# A worker's process imports what the torch backend names as it starts (Backend.warm_imports):
+# torch's own torch._dynamo among them, no stand-in where user code runs (the driver's trial
+# has one: dynamo_stand_in.py).
+@training_function(config=PyTorchConfig, check=check_parts, streams=True, cluster=check_world)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     from trainers.pytorch.loop import main as loop
 
