@@ -39,6 +39,7 @@ from orchestrator.ray_internals.knobs import connect_retry_env
 PREFIX = "orh"
 ROOT_BASE = Path("/var/tmp/orchestrator-test-hosts")
 RAY = str(Path(sys.executable).with_name("ray"))
+NO_LOG_MONITOR = ["--include-log-monitor=false"]  # as scripts/local_cluster.py's nodes
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -272,7 +273,7 @@ class LocalHosts:
 
     def _ray_start(self, h: Host, cpus: int) -> None:
         common = ["--block", f"--node-ip-address={h.ip}", f"--num-cpus={cpus}",
-                  "--object-store-memory=100000000", "--disable-usage-stats"]
+                  "--object-store-memory=100000000", "--disable-usage-stats", *NO_LOG_MONITOR]
         if h.index == 1:
             args = ["--head", f"--port={RAY_PORT}", f"--dashboard-host={h.ip}",
                     f"--dashboard-port={DASHBOARD_PORT}"]

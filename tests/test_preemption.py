@@ -28,23 +28,26 @@ from tests.conftest import (
 # Each job must outlast the notice: Ray polls for drains every 5 s and the workers look for a
 # notice about every failure.preemption_check_s (1 s), so the notice reaches them within ~6 s.
 # Every job runs through the gate (tests/user_trainers.py): while the test's gate file exists,
-# each step takes at least 0.06 s, so a job lasts 40 s or more however fast the machine; once
-# the restart is under way the test removes the gate and the rest of the job runs at full speed.
-GATED = ["trainer.fn=tests.user_trainers:gated", "+trainer.pace_s=0.06"]
-BOOSTING = ["data=synthetic", "data.rows=50000", "trainer.num_boost_round=700"]
+# each job holds at step HOLD_AT until its workers agree on a notice, so the notice lands
+# mid-run however fast or slow the machine, and only the few steps after HOLD_AT are left to
+# run (at full speed: the test removes the gate once the restart is under way).
+HOLD_AT, STEPS = 60, 80
+GATED = ["trainer.fn=tests.user_trainers:gated", f"+trainer.hold_at={HOLD_AT}",
+         "+trainer.hold_for_notice=true"]
+BOOSTING = ["data=synthetic", "data.rows=50000", f"trainer.num_boost_round={STEPS}"]
 JOBS = {
     # The PyTorch trainer with its state sharded (every rank writes its own shard at the
     # notice); DDP's replicated state is the user's own loop of the drain test below.
-    "fsdp": ["trainer=fsdp", "trainer.epochs=30", "+trainer.inner=trainers.pytorch.train:main"],
-    "mwms": ["trainer=mwms", "trainer.epochs=30", "+trainer.inner=trainers.mwms.train:main"],
+    "fsdp": ["trainer=fsdp", f"trainer.max_steps={STEPS}", "+trainer.inner=trainers.pytorch.train:main"],
+    "mwms": ["trainer=mwms", f"trainer.max_steps={STEPS}", "+trainer.inner=trainers.mwms.train:main"],
     "xgboost": ["trainer=xgboost", "trainer.max_depth=4", *BOOSTING,
                 "+trainer.inner=trainers.xgboost.train:main"],
     "lightgbm": ["trainer=lightgbm", "trainer.num_leaves=15", *BOOSTING,
                  "+trainer.inner=trainers.lightgbm.train:main"],
 }
 # The user's own loop (tests/user_project, run from a folder of its own) on the worker API;
-# the gate only paces its ctx.step_done (the repository on the import path for it).
-USER_FUNCTION = ["trainer=function", "+trainer.inner=mypkg.train:main", "+trainer.steps=1000"]
+# the gate only holds its ctx.step_done (the repository on the import path for it).
+USER_FUNCTION = ["trainer=function", "+trainer.inner=mypkg.train:main", f"+trainer.steps={STEPS}"]
 # The deadline of a drain: `ray drain-node --deadline-remaining-seconds`, and what these test
 # nodes give themselves on SIGTERM (Ray's default: 30 s). The notice reached the workers 1-5 s
 # after the drain in every run measured; holding until the deadline is what a test waits for.
@@ -84,7 +87,7 @@ def restarted(*run_dirs) -> None:
 
 
 def running(run_dir) -> dict:
-    return wait_for(lambda r: r.get("steps", 0) > 20 and len(r.get("workers", [])) == 2, run_dir)
+    return wait_for(lambda r: r.get("steps", 0) >= 1 and len(r.get("workers", [])) == 2, run_dir)
 
 
 def finish(proc, run_dir) -> tuple[dict, str]:
@@ -141,7 +144,9 @@ def test_sigterm_to_a_node_saves_before_the_deadline_and_loses_no_step(preemptib
 
 
 # A user's unchanged torchrun script (trainer=script): it saves its snapshot when it gets SIGTERM.
+# It holds after epoch EPOCHS - 4 while the gate exists, until SIGTERM comes.
 SCRIPT = ["trainer=script", "trainer.checkpoint_files=[snapshot.pt]"]
+EPOCHS = 16
 
 
 def drain(head, node_id: str) -> None:
@@ -177,7 +182,8 @@ def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_and_script
     script = start_run(tmp_path / "script", f"cluster.address={head.address}",
                        f"storage.uri={tmp_path / 'ckpt'}", "checkpoint.keep=0",
                        "cluster.cpus_per_worker=1", *SCRIPT,
-                       f"trainer.command=python scripts/ddp_snapshot.py 60 1 --pace-while {gate}",
+                       f"trainer.command=python scripts/ddp_snapshot.py {EPOCHS} 1 --pace-while {gate} "
+                       f"--hold-at {EPOCHS - 4}",
                        cwd=project)
     rec = running(tmp_path / "run")
     script_rec = wait_for(lambda r: len(r.get("checkpoints", [])) >= 2
@@ -217,4 +223,4 @@ def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_and_script
     assert all(f"rank {r} got SIGTERM" in logs[r] for r in (0, 1)), logs
     stopped = int(logs[0].split("rank 0 stopping after epoch ")[1].split()[0])
     assert f"Resuming training from snapshot at Epoch {stopped + 1}\n" in logs[0]
-    assert "Epoch 59 | Training snapshot saved" in logs[0]
+    assert f"Epoch {EPOCHS - 1} | Training snapshot saved" in logs[0]

@@ -1507,22 +1507,3 @@ def test_a_joining_driver_turns_token_auth_on_when_a_token_exists(tmp_path):
             for home in (tmp_path / "with", tmp_path / "without")}
     assert seen == {tmp_path / "with": ["True"], tmp_path / "without": ["False"]}, seen
 
-
-def test_the_log_monitor_reads_the_threshold_the_test_clusters_set():
-    """knobs.LOG_MONITOR_FILES_THRESHOLD is the variable the installed Ray's log monitor reads,
-    and at 0 it globs for new files only every LOG_NAME_UPDATE_INTERVAL_S, not on every pass."""
-    import importlib
-    import subprocess
-    import sys
-
-    from orchestrator.ray_internals.knobs import LOG_MONITOR_FILES_THRESHOLD, quiet_log_monitor_env
-
-    source = inspect.getsource(importlib.import_module("ray._private.log_monitor"))
-    assert f'os.getenv("{LOG_MONITOR_FILES_THRESHOLD}"' in source
-    code = ("import time; from ray._private import log_monitor as m\n"
-            "mon = m.LogMonitor.__new__(m.LogMonitor); mon.log_filenames = set()\n"
-            "print(mon.should_update_filenames(time.time()), "
-            "mon.should_update_filenames(time.time() - 10))")
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **quiet_log_monitor_env()},
-                         capture_output=True, text=True, timeout=120)
-    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]

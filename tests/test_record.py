@@ -425,3 +425,21 @@ def test_a_worker_that_told_nothing_is_a_failure_until_its_own_report_arrives():
     assert rec.failures[0]["decision"] == (
         "NOT RETRIED, since the run stopped (the worker was lost and told nothing itself)"), \
         rec.failures[0]["decision"]
+
+
+def test_a_skipped_write_of_the_record_is_done_at_the_next_poll_past_the_interval():
+    """A report within a second of the last write is not written at once; if none follows (a
+    run held at a step, a long evaluation), the driver's next poll past the second writes it:
+    run.json never stays behind what the console shows."""
+    from orchestrator.driver.recorder import WriteThrottle
+
+    now = [10.0]
+    writes = WriteThrottle(1.0, clock=lambda: now[0])
+    assert writes.due() and not writes.skipped  # the first write
+    now[0] = 10.4
+    assert not writes.due() and writes.skipped  # a report within the second: held back
+    now[0] = 10.9
+    assert not writes.due() and writes.skipped  # a poll within the second: still held
+    now[0] = 11.1
+    assert writes.skipped and writes.due() and not writes.skipped  # the poll past it writes
+    assert writes.due(force=True)  # a group's start, a checkpoint: at once

@@ -66,21 +66,30 @@ def gated(ctx, cfg):
         +trainer.gate=/shared/gate [+trainer.hold_at=1500] [+trainer.pace_s=0.05]
 
     While the gate exists, each step takes at least trainer.pace_s (so that a fault lands
-    mid-run), and a run holds at trainer.hold_at, if given. The gate must be a path every host
-    sees. The function's own work is untouched: only ctx.step_done waits."""
+    mid-run), and a run holds at trainer.hold_at, if given; with +trainer.hold_for_notice=true
+    it holds there only until a preemption notice is agreed on (ctx.check_preemption, every
+    rank together), so that a preemption test's job saves at the notice, however late it
+    comes, and has only a few steps left after it. The gate must be a path every host sees.
+    The function's own work is untouched: only ctx.step_done waits."""
     tcfg = cfg["trainer"]
     inner = import_function(tcfg.pop("inner"))
     gate, pace_s = tcfg.pop("gate"), float(tcfg.pop("pace_s", PACE_S))
     hold_at = int(tcfg.pop("hold_at", 0) or 0)
+    for_notice = bool(tcfg.pop("hold_for_notice", False))
     step_done = ctx.step_done
 
     def gated_step_done(step, metrics=None, samples=0):
         if os.path.exists(gate):
             time.sleep(pace_s)
         # Every rank holds at the same step, outside any collective: nothing times out.
-        while hold_at and step >= hold_at and os.path.exists(gate):
+        while hold_at and not for_notice and step >= hold_at and os.path.exists(gate):
             time.sleep(0.05)
         step_done(step, metrics, samples)
+        if for_notice and step == hold_at:
+            # Every rank asks together (two barriers) whether to go on: rank 0's view of the
+            # gate, or a notice they all agreed on (at this step: the function saves here).
+            while ctx.broadcast(os.path.exists(gate)) and not ctx.check_preemption():
+                time.sleep(0.5)
 
     ctx.step_done = gated_step_done
     return inner(ctx, cfg)

@@ -32,6 +32,23 @@ def size(nbytes: int) -> str:
     return ""
 
 
+class WriteThrottle:
+    """run.json written at most every ``every_s``, and never left behind: a write skipped
+    within the interval is due at the next ask past it (the recorder asks at each poll)."""
+
+    def __init__(self, every_s: float, clock=time.monotonic):
+        self.every_s, self.clock = every_s, clock
+        self.last, self.skipped = float("-inf"), False
+
+    def due(self, force: bool = False) -> bool:
+        now = self.clock()
+        if force or now - self.last >= self.every_s:
+            self.last, self.skipped = now, False
+            return True
+        self.skipped = True
+        return False
+
+
 @ray.remote(num_cpus=0)
 class RunRecorder:
     def __init__(self, path: str, record: RunRecord, tensorboard_dir: str | None = None,
@@ -60,7 +77,7 @@ class RunRecorder:
             from orchestrator.observe.metrics import RunMetrics
 
             self.metrics = RunMetrics(record.run_name, record.trainer)
-        self._written = 0.0
+        self._writes = WriteThrottle(WRITE_EVERY_S)
         self._published = float("-inf")
         # Since when the run has had no worker group: from its start, and again from each
         # group's failure until a worker of the next one starts (orchestrator/driver/placement_watch.py).
@@ -68,12 +85,10 @@ class RunRecorder:
         self._write(force=True)
 
     def _write(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self._written >= WRITE_EVERY_S:
+        if self._writes.due(force):
             self.record.write(self.path)
             if self.curves:
                 self.curves.flush()
-            self._written = now
         self._publish(force)
 
     def _publish(self, force: bool = False) -> None:
@@ -280,7 +295,13 @@ class RunRecorder:
     def snapshot(self, cursor: int = 0, tracked_from: int | None = None) -> ProgressState:
         """What the driver shows: the count, throughput, and the notices after `cursor`; with
         `tracked_from`, the tracked points from there (those before it were taken)."""
-        self._publish()  # the driver polls twice a second: this keeps the gauges fresh
+        # The driver polls twice a second: this keeps the gauges fresh, and run.json too when
+        # the last report came within WRITE_EVERY_S of a write and nothing came after it (a
+        # run held at a step, a long evaluation): its readers see what the console shows.
+        if self._writes.skipped:
+            self._write()
+        else:
+            self._publish()
         r = self.record
         tracked = self._take_tracked(tracked_from)
         return ProgressState(r.steps, r.total_steps, self._world_size(), r.samples_per_s,

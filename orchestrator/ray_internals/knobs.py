@@ -48,20 +48,6 @@ def connect_retry_env() -> dict[str, str]:
     Ray core reads its config from the environment."""
     return {f"RAY_{key}": str(value) for key, value in CONNECT_RETRY.items()}
 
-# A node's log monitor globs its logs folder for new files on every pass (every 0.1 s when
-# idle) until the folder holds this many files, then every 0.5 s (Ray's
-# RAY_LOG_MONITOR_MANY_FILES_THRESHOLD, read by ray/_private/log_monitor.py). Set to 0 for the
-# `ray start` nodes of the tests' and scripts' clusters: a session's head gathers hundreds of
-# workers' files, and that globbing was 229 of a suite run's 5,057 CPU-s (400 live files: 0.79
-# against 2.13 CPU-s in 30 s). New files' lines reach a log_to_driver driver (log.ray_verbose)
-# up to 0.5 s later; nothing of a command's own depends on it.
-LOG_MONITOR_FILES_THRESHOLD = "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"
-
-
-def quiet_log_monitor_env() -> dict[str, str]:
-    return {LOG_MONITOR_FILES_THRESHOLD: "0"}
-
-
 # Ray Train's controller takes a preemption notice without a deadline (a drain without
 # --deadline-remaining-seconds) as one with this many seconds from when it saw it
 # (DEFAULT_PREEMPTION_DEADLINE_S): the workers hold at least this long before they conclude the

@@ -6,7 +6,7 @@ present. It knows nothing of the orchestrator.
     torchrun --nproc-per-node=2 ddp_snapshot.py 8 1 --batch_size 32
 
 Test hooks (a real script has none of these): --pace-while FILE paces each epoch while FILE
-exists; --slow-save-at E writes epoch E's snapshot in two halves with a pause between them
+exists, and with --hold-at E holds after epoch E until FILE goes or SIGTERM comes; --slow-save-at E writes epoch E's snapshot in two halves with a pause between them
 while FILE exists, and with --slow-save-when GO begins it only once GO exists (until then the
 snapshot before it stays closed and still: taken however slowly the machine polls). On SIGTERM
 every rank stops after the epoch it is in and rank 0 saves.
@@ -64,6 +64,9 @@ class Trainer:
             self.optimizer.step()
         if self.args.pace_while and os.path.exists(self.args.pace_while):
             time.sleep(0.5)
+            while self.args.hold_at is not None and epoch >= self.args.hold_at and \
+                    os.path.exists(self.args.pace_while) and not TERMINATED:
+                time.sleep(0.1)
         return loss.item()
 
     def save_snapshot(self, epoch):
@@ -111,6 +114,7 @@ def main():
     parser.add_argument("--batch_size", default=32, type=int)
     parser.add_argument("--snapshot_path", default="snapshot.pt")
     parser.add_argument("--pace-while", default=None)
+    parser.add_argument("--hold-at", type=int, default=None)
     parser.add_argument("--slow-save-at", type=int, default=-1)
     parser.add_argument("--slow-save-when", default=None)
     args = parser.parse_args()
