@@ -40,6 +40,8 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     # What the speed hooks into Ray's private code buy (orchestrator/ray_internals/versions.py:
     # what a Ray or torch outside the tested range gets); also timed joining the warm head.
     "no_speed_hooks": ([], {"ORCHESTRATOR_SPEED_HOOKS": "0"}),
+    # What the dashboard's Train page (Ray Train's state tracking, on by default) costs.
+    "no_train_page": (["cluster.dashboard_train_page=false"], {}),
 }
 
 
