@@ -171,7 +171,7 @@ def test_mwms_with_a_users_keras_model_survives_a_killed_worker_exactly(
     common = [f"cluster.address={ray_head.address}", *s3(s3_server, "mwms"), "trainer=mwms",
               "data=parquet", f"data.path={data}", "data.label=digit", "data.stream=true",
               "trainer.model._target_=tests.user_models.tiny_keras_model", "~trainer.model.hidden",
-              "+trainer.model.width=32", "trainer.epochs=100", "trainer.max_steps=600",
+              "+trainer.model.width=32", "trainer.epochs=100", "trainer.max_steps=300",
               "checkpoint.every_steps=100", "checkpoint.keep=0", "cluster.cpus_per_worker=0.5"]
     env = s3_env(s3_server)
     autograph = Path(tempfile.gettempdir()).glob  # the workers' node's temporary folder
@@ -197,7 +197,7 @@ def test_mwms_with_a_users_keras_model_survives_a_killed_worker_exactly(
     assert rec["metrics"]["test_accuracy"] > 0.9, rec["metrics"]
     facts = rec["data"]
     assert facts["streamed"] and facts["row_groups"] == 18, facts
-    epochs = 600 / facts["steps_per_epoch"]
+    epochs = 300 / facts["steps_per_epoch"]
     for rank, read in facts["ranks"].items():  # about half the bytes an epoch, each rank
         assert read["bytes_read"] < 1.25 / 2 * facts["bytes"] * (epochs + 2), (rank, read)
 
