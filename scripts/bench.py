@@ -72,8 +72,10 @@ def parser() -> argparse.ArgumentParser:
                    help="digits epochs of the short job (10: the default job)")
     g.add_argument("--fixed-variants", default="",
                    help="comma-separated orchestrator variants (fixed_cost.VARIANTS: "
-                        "no_dashboard, mwms, no_speed_hooks, no_train_page; each also "
-                        "joining the warm head), or ''; with --fixed-tree, on that checkout too")
+                        "no_dashboard, mwms, no_speed_hooks, no_train_page, and no_<hook> "
+                        "for each speed hook: no_callbacks, no_barrier, no_autoscaling, "
+                        "no_started_ahead, no_spares, no_fork_server; each also joining the "
+                        "warm head), or ''; with --fixed-tree, on that checkout too")
     g.add_argument("--fixed-tree", default=None,
                    help="another checkout of this repository (e.g. a git worktree of an older "
                         "commit) as an extra side, orchestrator_tree: its driver and Ray Train "

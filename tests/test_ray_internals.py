@@ -1482,10 +1482,17 @@ def test_the_tested_ranges_are_pyprojects_and_a_version_outside_turns_the_speed_
     assert versions.release("2.16.0.dev20261101") == (2, 16)
     assert versions.untested() == () and versions.speed_hooks()  # this environment's
     monkeypatch.setenv(versions.SPEED_HOOKS, "0")
-    assert not versions.speed_hooks()
+    assert not versions.speed_hooks() and not versions.speed_hooks("barrier")
     monkeypatch.delenv(versions.SPEED_HOOKS)
+    # One by name: the others stay on (what fixed_cost's no_<name> variants time).
+    monkeypatch.setenv(versions.SPEED_HOOKS_OFF, "barrier, fork_server")
+    assert versions.speed_hooks() and versions.speed_hooks("callbacks")
+    assert not versions.speed_hooks("barrier") and not versions.speed_hooks("fork_server")
+    with pytest.raises(AssertionError):
+        versions.speed_hooks("no_such_hook")
+    monkeypatch.delenv(versions.SPEED_HOOKS_OFF)
     monkeypatch.setattr(versions, "untested", lambda: (line,))
-    assert not versions.speed_hooks()
+    assert not versions.speed_hooks() and not versions.speed_hooks("spares")
 
 
 def test_a_joining_driver_turns_token_auth_on_when_a_token_exists(tmp_path):

@@ -322,18 +322,21 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     # runs many commands in one: set either way).
     os.environ[STATE_TRACKING] = "1" if cfg.cluster.dashboard_train_page else "0"
     ray_trainer = ray_trainer_for(run, ScalingConfig(**scaling_args), recorder, output_dir,
-                                  storage_marker, spares=not session.outlives_run and speed_hooks(),
+                                  storage_marker,
+                                  spares=not session.outlives_run and speed_hooks("spares"),
                                   coordinated=coordinated,
                                   py_executable=session.worker_py_executable)
     # A sweep's trial, a service's command (a job that outlives the run) keeps the cleaner:
     # an early-stopped trial's workers must give their CPUs back to the next trials.
-    if speed_hooks():  # on the Ray and torch they were tested on (ray_internals/versions.py)
+    # On the Ray and torch they were tested on, each unless switched off (ray_internals/versions.py).
+    if speed_hooks("callbacks"):
         without_unneeded_actors(ray_trainer, keep_cleaner=session.outlives_run)
-        barrier_in_controller = with_barrier_in_controller()
-        if not session.joined and not cfg.cluster.elastic:  # no autoscaler, nothing to grow into
+    barrier_in_controller = speed_hooks("barrier") and with_barrier_in_controller()
+    if not session.joined and not cfg.cluster.elastic:  # no autoscaler, nothing to grow into
+        if speed_hooks("autoscaling"):
             without_autoscaling_requests(ray_trainer)
-            if not session.outlives_run:  # one node, a job that ends with the run
-                with_workers_started_ahead(ray_trainer, barrier_in_controller)
+        if not session.outlives_run and speed_hooks("started_ahead"):  # a job that ends with the run
+            with_workers_started_ahead(ray_trainer, barrier_in_controller)
     if cfg.cluster.elastic and cfg.cluster.workers_multiple_of > 1:
         elastic_in_multiples(ray_trainer, cfg.cluster.workers_multiple_of)
     with_permanent_errors_raised(ray_trainer, recorder)

@@ -18,6 +18,11 @@ TORCH_RANGE = ((2, 12), (2, 16))
 # Set to 0 to run a supported version without the speed hooks too (what a version outside
 # the range gets).
 SPEED_HOOKS = "ORCHESTRATOR_SPEED_HOOKS"
+# The speed hooks the driver chooses, by name: a comma-separated list of them in
+# ORCHESTRATOR_SPEED_HOOKS_OFF runs without just those (fixed_cost's no_<name> variants
+# measure what each saves, docs/benchmarks.md).
+SPEED_HOOKS_OFF = "ORCHESTRATOR_SPEED_HOOKS_OFF"
+HOOK_NAMES = ("callbacks", "barrier", "autoscaling", "started_ahead", "spares", "fork_server")
 
 
 def release(version: str) -> tuple[int, int]:
@@ -52,7 +57,13 @@ def untested() -> tuple[str, ...]:
     return tuple(line for line in found if line)
 
 
-def speed_hooks() -> bool:
+def speed_hooks(name: str | None = None) -> bool:
     """The hooks that only save time (ray_internals/__init__.py says which) are installed:
-    on the tested versions, unless ORCHESTRATOR_SPEED_HOOKS=0."""
-    return os.environ.get(SPEED_HOOKS, "1") != "0" and not untested()
+    on the tested versions, unless ORCHESTRATOR_SPEED_HOOKS=0; ``name`` (one of HOOK_NAMES):
+    that one, unless ORCHESTRATOR_SPEED_HOOKS_OFF names it."""
+    if os.environ.get(SPEED_HOOKS, "1") == "0" or untested():
+        return False
+    if name is None:
+        return True
+    assert name in HOOK_NAMES, name
+    return name not in {n.strip() for n in os.environ.get(SPEED_HOOKS_OFF, "").split(",")}

@@ -11,6 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
+from orchestrator.ray_internals.versions import HOOK_NAMES, SPEED_HOOKS_OFF
 from scripts.benchmarks.common import (
     BASELINES,
     ORCHESTRATOR,
@@ -42,6 +43,8 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "no_speed_hooks": ([], {"ORCHESTRATOR_SPEED_HOOKS": "0"}),
     # What the dashboard's Train page (Ray Train's state tracking, on by default) costs.
     "no_train_page": (["cluster.dashboard_train_page=false"], {}),
+    # Each speed hook the driver chooses, off alone (ray_internals/versions.py HOOK_NAMES).
+    **{f"no_{name}": ([], {SPEED_HOOKS_OFF: name}) for name in HOOK_NAMES},
 }
 
 

@@ -59,7 +59,7 @@ def usable() -> bool:
     from orchestrator.ray_internals.knobs import SETUP_HOOK
     from orchestrator.ray_internals.versions import speed_hooks
 
-    if not speed_hooks() or os.environ.get("RAY_RUNTIME_ENV_HOOK") or os.environ.get(SETUP_HOOK) or \
+    if not speed_hooks("fork_server") or os.environ.get("RAY_RUNTIME_ENV_HOOK") or os.environ.get(SETUP_HOOK) or \
             os.environ.get("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper",
                            "").lower() in ("1", "true"):
         return False
