@@ -83,6 +83,11 @@ def test_fixed_cost_figures_and_variants():
     assert figs["to_first_step_s_vs_ray_train"]["value"] == 1.0
     assert figs["to_exit_s_no_dashboard_vs_ray_train"]["value"] == 0.6
     assert "cpu_s_vs_ray_train" not in figs  # no CPU figures in these runs
+    # One variant per speed hook, each switching off that hook alone (issue 66's table).
+    from orchestrator.ray_internals.versions import HOOK_NAMES, SPEED_HOOKS_OFF
+
+    assert all(fixed_cost.VARIANTS[f"no_{name}"] == ([], {SPEED_HOOKS_OFF: name})
+               for name in HOOK_NAMES)
 
 
 def test_fixed_cost_against_torchrun_cold_and_warm():
