@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.ray_internals.knobs import connect_retry_env
+from scripts.local_cluster import NO_LOG_MONITOR  # the same nodes' settings
 
 PREFIX = "orh"
 ROOT_BASE = Path("/var/tmp/orchestrator-test-hosts")
 RAY = str(Path(sys.executable).with_name("ray"))
-NO_LOG_MONITOR = ["--include-log-monitor=false"]  # as scripts/local_cluster.py's nodes
 REPO = Path(__file__).resolve().parent.parent
 
 

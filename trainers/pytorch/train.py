@@ -22,8 +22,8 @@ def check_parts(cfg: dict) -> list[str] | None:
 
 
 # A worker's process imports what the torch backend names as it starts (Backend.warm_imports):
-# torch's own torch._dynamo among them, no stand-in where user code runs (the driver's trial
-# has one: dynamo_stand_in.py).
+# torch's own compiler front end among them, no stand-in where user code runs (the driver's
+# trial has one: dynamo_stand_in.py).
 @training_function(config=PyTorchConfig, check=check_parts, streams=True, cluster=check_world)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     from trainers.pytorch.loop import main as loop
