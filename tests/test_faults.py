@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,8 @@ def test_a_hung_worker_is_detected_and_replaced(ray_head, tmp_path):
     # hang), finished; no secret of its config, nor of its command line, in the whole page.
     page, text = train_page_run(ray_head.dashboard, name)
     assert page["status"] == "FINISHED" and len(page["attempts"]) == 2, page["attempts"]
+    # The versions rank 0 told (as plain strings: ray_internals/train_page.py).
+    assert page["framework_versions"]["torch"] == metadata.version("torch"), page
     assert "sk-page-secret-1234" not in text and "api_token" in text
 
 

@@ -511,6 +511,44 @@ def test_the_torch_backend_leaves_torch_out_of_the_controller_and_calls_rays_own
         == TorchConfig().backend_cls.has_replica_groups
 
 
+def test_the_train_pages_versions_reach_the_controller_as_plain_strings(monkeypatch):
+    """With the Train page on, Ray Train's state callback is replaced by one whose question to
+    rank 0 is answered in plain strings: Ray's own answer pickles torch's version as torch's
+    class (unpickling it in a fresh process, the controller's, imports torch); this one's does
+    not, and says the same versions."""
+    import pickle
+    import subprocess
+    import sys
+
+    from ray.train.v2._internal.callbacks.state_manager import StateManagerCallback
+    from ray.train.v2._internal.util import TrainingFramework
+
+    from orchestrator.ray_internals import train_page
+    from orchestrator.ray_internals.knobs import STATE_TRACKING
+    from orchestrator.ray_internals.train_hooks import with_plain_framework_versions
+
+    monkeypatch.setenv(STATE_TRACKING, "1")  # what fit() reads as it builds its callbacks
+    trainer = real_trainer()
+    with_plain_framework_versions(trainer)
+    states = [cb for cb in trainer._create_default_callbacks()
+              if isinstance(cb, StateManagerCallback)]
+    assert [type(cb) for cb in states] == [train_page.PlainVersionsStateManager], states
+    assert states[0]._datasets == {}  # Ray's callback's state, carried over
+    # Ray's callback asks for the versions by its module's name for the function.
+    assert "_get_framework_version" in inspect.getsource(StateManagerCallback.after_worker_group_start)
+
+    def imports_torch(answer: dict) -> bool:
+        code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); print('torch' in sys.modules)"
+        return subprocess.run([sys.executable, "-c", code], input=pickle.dumps(answer),
+                              capture_output=True, check=True).stdout.decode().strip() == "True"
+
+    rays = train_page._rays_versions(TrainingFramework.TORCH)
+    plain = train_page.plain_framework_versions(TrainingFramework.TORCH)
+    assert imports_torch(rays)  # why the hook is there: a Ray that fixes this makes it moot
+    assert not imports_torch(plain)
+    assert plain == rays and {type(v) for v in plain.values()} == {str}, plain
+
+
 TENSORFLOW_CONFIG = r"""
 import inspect, pickle, sys
 from orchestrator.driver.backends import backend_named

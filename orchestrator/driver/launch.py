@@ -59,6 +59,7 @@ from orchestrator.ray_internals.train_hooks import (
     interrupted_by_ctrl_c,
     with_barrier_in_controller,
     with_permanent_errors_raised,
+    with_plain_framework_versions,
     with_workers_started_ahead,
     without_autoscaling_requests,
     without_unneeded_actors,
@@ -331,6 +332,8 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     # On the Ray and torch they were tested on, each unless switched off (ray_internals/versions.py).
     if speed_hooks("callbacks"):
         without_unneeded_actors(ray_trainer, keep_cleaner=session.outlives_run)
+    if cfg.cluster.dashboard_train_page and speed_hooks("page_versions"):
+        with_plain_framework_versions(ray_trainer)
     barrier_in_controller = speed_hooks("barrier") and with_barrier_in_controller()
     if not session.joined and not cfg.cluster.elastic:  # no autoscaler, nothing to grow into
         if speed_hooks("autoscaling"):

@@ -51,6 +51,9 @@ hooks the driver chooses are off (launch.py, fork_server.usable()).
   embedded cluster has no autoscaler);
 - torch_backend.py [speed]: Ray Train's torch backend, its worker-side functions called
   without torch in the controller's process;
+- train_page.py [speed]: Ray Train's state callback (the dashboard's Train page), whose
+  question to rank 0 "which framework versions" is answered in plain strings (torch's own
+  pickles as its class, and unpickling it imported torch in the controller);
 - tensorflow_backend.py [speed]: Ray Train's TensorFlow backend, without tensorflow in the
   driver's and the controller's processes (and its import's lines off the console);
 - fork_server/ [speed]: a sweep's worker processes forked from a server with its imports done

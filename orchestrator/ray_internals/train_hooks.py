@@ -141,6 +141,28 @@ def without_unneeded_actors(ray_trainer, keep_cleaner: bool) -> None:
     ray_trainer._create_default_callbacks = adjusted
 
 
+def with_plain_framework_versions(ray_trainer) -> None:
+    """The Train page's versions answered in plain strings (ray_internals/train_page.py), so
+    that the controller does not import torch to read them. A private hook: if a Ray upgrade
+    renames it, nothing changes but the cost."""
+    create = getattr(ray_trainer, "_create_default_callbacks", None)
+    try:
+        from orchestrator.ray_internals.train_page import (
+            PlainVersionsStateManager,
+            StateManagerCallback,
+        )
+    except (ImportError, AttributeError):
+        return
+    if create is None:
+        return
+
+    def adjusted() -> list:
+        return [PlainVersionsStateManager.of(cb) if type(cb) is StateManagerCallback else cb
+                for cb in create()]
+
+    ray_trainer._create_default_callbacks = adjusted
+
+
 def without_autoscaling_requests(ray_trainer) -> None:
     """A fixed-size run on an embedded cluster asks no autoscaler for its workers' resources
     (there is none): Ray Train's controller then starts no AutoscalingCoordinator actor. The

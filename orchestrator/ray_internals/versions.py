@@ -22,7 +22,8 @@ SPEED_HOOKS = "ORCHESTRATOR_SPEED_HOOKS"
 # ORCHESTRATOR_SPEED_HOOKS_OFF runs without just those (fixed_cost's no_<name> variants
 # measure what each saves, docs/benchmarks.md).
 SPEED_HOOKS_OFF = "ORCHESTRATOR_SPEED_HOOKS_OFF"
-HOOK_NAMES = ("callbacks", "barrier", "autoscaling", "started_ahead", "spares", "fork_server")
+HOOK_NAMES = ("callbacks", "barrier", "autoscaling", "started_ahead", "spares", "fork_server",
+              "page_versions")
 
 
 def release(version: str) -> tuple[int, int]:
