@@ -100,8 +100,8 @@ def training_function(config: type | None = None,
     data.stream_above_mb through ``ctx.stream()`` (its share, streamed) rather than
     ``ctx.dataset()`` (the whole data in memory). ``warm_imports``: the modules each CPU
     worker's process imports as it starts, before Ray places it (and each process kept ready
-    for a restart), instead of its backend's (torch: ``ray.train.torch`` and
-    ``torch._dynamo``); ``module:function`` also calls the function. ``run_label(trainer)``:
+    for a restart), instead of its backend's (torch: orchestrator/ray_internals/
+    torch_imports.py); ``module:function`` also calls the function. ``run_label(trainer)``:
     what a derived run name says the run trains on, in place of ``data.name``.
     ``coordinates``: the function runs once (a coordinator) and starts the run's workers
     itself as Ray actors; ``cfg["cluster"]`` holds ``workers``, ``cpus_per_worker`` and

@@ -23,13 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from orchestrator.ray_internals.torch_imports import TORCH_WARM  # noqa: E402
 from scripts.benchmarks.common import loadavg  # noqa: E402
 from scripts.local_cluster import node_env, start_head, stop_cluster  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent / "orchestrator" / "ray_internals" / "fork_server"
 # Not ray.train.torch: Ray Data's import (through Ray Train's) seeds Ray's ID generator, and
 # the server then refuses to serve (its server.py); the actors import it themselves.
-PRELOAD = ["torch", "torch._dynamo"]
+PRELOAD = [name for name in TORCH_WARM if name.startswith("torch")]
 
 DRIVER = r'''
 import json, os, subprocess, sys, time

@@ -27,9 +27,9 @@ from scripts.benchmarks.common import loadavg  # noqa: E402
 from scripts.local_cluster import free_port, node_env  # noqa: E402
 
 START = r'''
-import json, os, re, sys, time
+import json, re, sys, time
 import ray
-from orchestrator.ray_internals import head_start, knobs
+from orchestrator.ray_internals import cluster, head_start, knobs
 side = sys.argv[1]
 config = dict(knobs.EMBEDDED_SYSTEM_CONFIG)
 if side == "ray_waits":  # Ray's own: a 1 s retry of the store, a once-a-second ask
@@ -41,7 +41,7 @@ with head_start.embedded_head(log_monitor=False, monitor=False):
     ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=int(sys.argv[2]), log_to_driver=False, _system_config=config)
 init_s = time.monotonic() - began
-log = open(os.path.join(ray._private.worker._global_node.get_logs_dir_path(), "raylet.out")).read()
+log = cluster.raylet_error_log().with_name("raylet.out").read_text()
 stamps = [re.search(rf"^\[([^\]]+?) I [^\n]*{what}", log, re.M).group(1)
           for what in ("Plasma store debug dump", "ObjectManager server started")]
 at = [time.mktime(time.strptime(t[:19], "%Y-%m-%d %H:%M:%S")) + int(t[20:]) / 1000 for t in stamps]

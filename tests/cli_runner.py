@@ -26,7 +26,10 @@ def warm() -> None:
     """What every command imports before its checks (no Ray: its import reads variables
     that __main__ sets first; no thread is started by any of these)."""
     import hydra  # noqa: F401
-    import torch  # noqa: F401  (the trial of the user's parts)
+    import torch  # the trial of the user's parts
+
+    # torch imports its compiler front end with the first optimizer (the trial builds one).
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
     import orchestrator.cli  # noqa: F401
     import orchestrator.config.preflight  # noqa: F401

@@ -57,7 +57,7 @@ def test_sixteen_workers_share_two_cores_on_a_running_cluster_with_a_users_model
 
 @pytest.mark.slow
 def test_a_users_compiled_model_trains_under_ddp_and_fsdp(ray_head, tmp_path):
-    """torch.compile in the user's model factory: the workers run torch's own torch._dynamo
+    """torch.compile in the user's model factory: the workers run torch's own compiler
     (no stand-in where user code runs), DDP and FSDP wrap the compiled module, and what is
     trained and checkpointed is that module."""
     from orchestrator.ray_internals.versions import SPEED_HOOKS

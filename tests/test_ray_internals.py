@@ -1552,3 +1552,70 @@ def test_a_joining_driver_turns_token_auth_on_when_a_token_exists(tmp_path):
             for home in (tmp_path / "with", tmp_path / "without")}
     assert seen == {tmp_path / "with": ["True"], tmp_path / "without": ["False"]}, seen
 
+
+WORKER_WITH_DYNAMO = """
+import json, os, sys
+sys.path.insert(0, {tests!r}); sys.path.insert(0, {project!r})
+from orchestrator.driver.backends import backend_named
+from orchestrator.worker.training_function import Training
+from orchestrator.worker.warm import WARM_IMPORTS, import_modules
+from trainers.pytorch.train import main
+training = Training("trainers.pytorch.train:main", main, main.__training_info__, backend_named("torch"), {{}})
+os.environ[WARM_IMPORTS] = ",".join(training.warm_imports)  # what the driver hands the workers
+import_modules()  # as Ray's setup hook does in a CPU worker's process
+warm = type(sys.modules.get("torch._dynamo")).__name__
+import torch
+import trainers.pytorch.loop as loop
+from test_pytorch_loop import OneRank, items, trainer
+loop.ray.train.torch.get_device = lambda: torch.device("cpu")
+ctx = OneRank()
+main(ctx, {{"trainer": trainer(max_steps=3), "data": items()}})  # the trainer itself, one rank
+print(json.dumps({{"warm": warm, "after_loop": type(sys.modules["torch._dynamo"]).__name__,
+                  "steps": len(ctx.reports)}}))
+"""
+
+
+def test_a_pytorch_worker_runs_torchs_own_dynamo():
+    """Where user code trains, torch._dynamo is torch's own, imported by the worker's setup
+    hook (torch imports it with the first optimizer: ahead, in a process kept ready for a
+    restart)."""
+    import json
+    import subprocess
+    import sys
+
+    tests = Path(__file__).parent
+    code = WORKER_WITH_DYNAMO.format(tests=str(tests), project=str(tests / "user_project"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tests.parent, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["warm"] == "module" and result["after_loop"] == "module", result
+    assert result["steps"] == 3
+
+
+PAGE_SECRET = "envsecret-Value-0123456789"
+
+
+def test_the_dashboards_train_page_shows_no_secret_of_the_spec(monkeypatch):
+    """Ray Train turns the train loop config (the WorkerSpec) into the run state the
+    dashboard's Train page shows, stringifying what is not JSON: run through Ray's own
+    conversion, no secret of the config, the storage or the environment is left."""
+    import json
+
+    from ray.train.v2._internal.state.schema import RunSettings
+
+    from orchestrator.config.schema import CheckpointConfig, DataConfig
+    from orchestrator.storage.location import Credentials, StorageSpec
+    from orchestrator.worker.start import WorkerSpec
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", PAGE_SECRET)
+    storage = StorageSpec("s3://bucket/run", "http://minio:pa55word@host:9000", "us-east-1",
+                          Credentials("AKIAEXAMPLE01", PAGE_SECRET))
+    config = {"data": {"path": "s3://AKIAEXAMPLE01:s3cr3tpath@bucket/data"},
+              "trainer": {"api_key": "apikey-0123456", "lr": 0.1, "note": PAGE_SECRET}}
+    spec = WorkerSpec("mypkg.train:fn", config, DataConfig(), CheckpointConfig(), storage,
+                      None, seed=7, recorder=object())
+    shown = json.dumps(RunSettings._sanitize_train_loop_config({"spec": spec}))
+    assert "mypkg.train:fn" in shown and "'lr': 0.1" in shown, shown
+    for secret in ("pa55word", "s3cr3tpath", "apikey-0123456", PAGE_SECRET):
+        assert secret not in shown, secret

@@ -198,26 +198,3 @@ def test_a_refused_command_prints_no_secret_of_its_environment(tmp_path):
     assert result.returncode == 2, result.stderr
     assert ENV_SECRET not in result.stdout + result.stderr
     assert result.stderr.startswith("error: data.path=") and "***" in result.stderr
-
-
-def test_the_dashboards_train_page_shows_no_secret_of_the_spec(monkeypatch):
-    """Ray Train turns the train loop config (the WorkerSpec) into the run state the
-    dashboard's Train page shows, stringifying what is not JSON: run through Ray's own
-    conversion, no secret of the config, the storage or the environment is left."""
-    from ray.train.v2._internal.state.schema import RunSettings
-
-    from orchestrator.config.schema import CheckpointConfig, DataConfig
-    from orchestrator.storage.location import Credentials, StorageSpec
-    from orchestrator.worker.start import WorkerSpec
-
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ENV_SECRET)
-    storage = StorageSpec("s3://bucket/run", "http://minio:pa55word@host:9000", "us-east-1",
-                          Credentials("AKIAEXAMPLE01", ENV_SECRET))
-    config = {"data": {"path": "s3://AKIAEXAMPLE01:s3cr3tpath@bucket/data"},
-              "trainer": {"api_key": "apikey-0123456", "lr": 0.1, "note": ENV_SECRET}}
-    spec = WorkerSpec("mypkg.train:fn", config, DataConfig(), CheckpointConfig(), storage,
-                      None, seed=7, recorder=object())
-    shown = json.dumps(RunSettings._sanitize_train_loop_config({"spec": spec}))
-    assert "mypkg.train:fn" in shown and "'lr': 0.1" in shown, shown
-    for secret in ("pa55word", "s3cr3tpath", "apikey-0123456", ENV_SECRET):
-        assert secret not in shown, secret

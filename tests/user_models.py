@@ -16,7 +16,7 @@ def compiled_tiny_net(in_features: int, out_features: int, width: int = 32,
                       backend: str = "aot_eager"):
     """A user who compiles their model before the trainer wraps it (torch.compile's default
     backend, inductor, needs a C compiler and ~20 CPU-s a process: aot_eager traces the same
-    graphs with torch._dynamo and AOTAutograd, and runs them as they are)."""
+    graphs with torch.compile's graph capture and AOTAutograd, and runs them as they are)."""
     import torch
 
     return torch.compile(TinyTorchNet(in_features, out_features, width), backend=backend)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.errors import ConfigError
+from orchestrator.ray_internals.torch_imports import TORCH_FORK, TORCH_WARM
 
 
 def no_options(hang_timeout_s: float, use_gpu: bool) -> dict:
@@ -53,12 +54,6 @@ def torch_options(process_group: str | None):
 TORCH_CONTROLLER_ENV = {"TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": "2"}
 # Ray's TorchConfig, less the import of torch in the controller's process.
 TORCH_CONFIG = "orchestrator.ray_internals.torch_backend:TorchProcessGroupConfig"
-# torch and Ray Train's torch side (its process group set-up), and torch's compiler stack,
-# which torch imports with the first optimizer (torch.optim's add_param_group): ~1 s and
-# ~0.8 s of a worker's start here.
-TORCH_WARM = ("ray.train.torch", "torch._dynamo")
-TORCH_FORK = ("torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed",
-              "ray.train.torch")
 # Keras 3 fails under MultiWorkerMirroredStrategy; tf-keras (Keras 2) works, and must be chosen
 # before tensorflow is first imported in the worker.
 TF_WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -51,6 +51,9 @@ hooks the driver chooses are off (launch.py, fork_server.usable()).
   embedded cluster has no autoscaler);
 - torch_backend.py [speed]: Ray Train's torch backend, its worker-side functions called
   without torch in the controller's process;
+- torch_imports.py [speed]: torch's compiler front end (torch._dynamo, which torch imports
+  with the first optimizer) imported ahead in a PyTorch worker's process and a sweep's fork
+  server (off a restart's recovery where a process was kept ready);
 - train_page.py [speed]: Ray Train's state callback (the dashboard's Train page), whose
   question to rank 0 "which framework versions" is answered in plain strings (torch's own
   pickles as its class, and unpickling it imported torch in the controller);

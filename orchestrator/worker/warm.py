@@ -3,9 +3,9 @@
 workers' runtime environment only.
 
 In a process kept ready for a restart (orchestrator/worker/spare.py) that import is done
-before the failure, not after it: ~1 s of torch and ~0.8 s of torch._dynamo off every
-recovery here. In a run's first workers it is the import the backend's set-up and the first
-optimizer would do a moment later. Not on GPU workers: a process imports before Ray says which
+before the failure, not after it: ~1 s of torch and ~0.8 s of its compiler front end
+(orchestrator/ray_internals/torch_imports.py) off every recovery here. In a run's first
+workers it is the import the backend's set-up and the first optimizer would do a moment later. Not on GPU workers: a process imports before Ray says which
 GPUs it gets, and a framework that started CUDA then would see them all. Not where the job has
 a setup hook of its own (`ray job submit` with worker_process_setup_hook): one variable holds
 one hook, and the user's runs. No framework named here: the driver passes the names, the

@@ -106,22 +106,11 @@ def what_the_items_mean(size: int, item, tcfg: dict) -> list[str]:
 
 def check_parts(cfg: dict) -> list[str] | None:
     """The trial, with the frameworks' warnings kept off the terminal (the user gets one
-    line when something is wrong, nothing when all is well), and without torch._dynamo's
-    import where the parts never ask for it (dynamo_stand_in.py)."""
+    line when something is wrong, nothing when all is well)."""
     import warnings
-
-    from trainers.pytorch.dynamo_stand_in import without_dynamo
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            with without_dynamo() as stood_in:
-                return trial(cfg)
-        except Exception:
-            if not stood_in:
-                raise
-        # With the real module, for the error it gives. The trainer's workers run with the
-        # stand-in too: a part that failed only with it would fail there (none is known).
         return trial(cfg)
 
 

@@ -21,9 +21,7 @@ def check_parts(cfg: dict) -> list[str] | None:
     return check(cfg)
 
 
-# A worker's process imports what the torch backend names as it starts (Backend.warm_imports):
-# torch's own compiler front end among them, no stand-in where user code runs (the driver's
-# trial has one: dynamo_stand_in.py).
+# A worker's process imports what the torch backend names as it starts (Backend.warm_imports).
 @training_function(config=PyTorchConfig, check=check_parts, streams=True, cluster=check_world)
 def main(ctx: WorkerContext, cfg: dict) -> dict[str, float] | None:
     from trainers.pytorch.loop import main as loop

@@ -68,16 +68,6 @@ def step(model, batch, task: str, with_metrics: bool = False):
     return (loss, metrics) if with_metrics else loss
 
 
-def compiled_net(task: str, dynamo_first: bool = False):
-    """A user who compiles their model (torch.compile, eager backend: no C compiler), having
-    set torch._dynamo's config first (an import of one of its submodules) or not."""
-    if dynamo_first:
-        import importlib
-
-        importlib.import_module("torch._dynamo.config").suppress_errors = False
-    return torch.compile(Net(task), backend="eager")
-
-
 @dataclass
 class Batch:
     """A batch as an object of the user's own, made by their collate function."""
