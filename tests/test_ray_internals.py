@@ -1166,10 +1166,16 @@ import ray
 from ray.train.v2.api import data_parallel_trainer
 from orchestrator.ray_internals import controller_barrier
 
+from orchestrator.ray_internals.train_hooks import RAYS_ASYNC_CALLS, barrier_room
+
+WIDE = RAYS_ASYNC_CALLS + 100  # more ranks than Ray's default lets an async actor take at once
 ray.init(address=sys.argv[1], logging_level="ERROR")
 seen = {"swapped": controller_barrier.with_barrier_in_controller(),
         "controller_class": data_parallel_trainer.TrainController.__module__,
-        "barrier_class": controller_barrier._Barrier.__name__}
+        "barrier_class": controller_barrier._Barrier.__name__,
+        "rays_default": ray.actor.DEFAULT_MAX_CONCURRENCY_ASYNC,
+        "own_barrier_room": barrier_room(WIDE, barrier_in_controller=False),
+        "room": barrier_room(WIDE, barrier_in_controller=True)}  # before fit() starts it
 
 @ray.remote(num_cpus=0)
 class Controller:  # the calls Ray Train's controller makes, from its event loop
@@ -1202,6 +1208,10 @@ controller = Controller.remote()
 barrier = ray.get(controller.start_group.remote())
 seen["handle"] = type(barrier).__name__
 seen["agreed"] = ray.get([rank.remote(barrier, r, 2) for r in range(2)])
+# A preemption agreement of WIDE ranks: every call held at the barrier until the last arrives.
+seen["wide"] = sorted(set(ray.get([barrier.broadcast_from_rank_zero.remote(
+    world_rank=r, world_size=WIDE, data=f"from {r}", caller_method_name="wide")
+    for r in range(WIDE)], timeout=240)))
 seen["relaxed"] = ray.get(controller.relax.remote(barrier), timeout=60)
 alone = rank.remote(barrier, 1, 2)  # waits for rank 0, which never comes
 while ray.get(barrier.get_counter.remote()) != 1:  # until it is inside the barrier
@@ -1219,7 +1229,8 @@ def test_a_worker_groups_barrier_lives_in_its_controller_and_ends_with_the_group
     controller (Ray's own class), the ranks agree through it with rank 0's value, the
     controller's own call from its event loop answers (no wait on that loop), and the group's
     shutdown releases a rank waiting inside, as killing Ray's actor would, and refuses later
-    calls. (A real run's groups: the actor counts in test_service.py and test_preemption.py.)"""
+    calls; with room for more ranks than Ray's default lets an async actor take at once (a
+    1,100-rank agreement answers every rank). (A real run's groups: the actor counts in test_service.py and test_preemption.py.)"""
     import subprocess
     import sys
 
@@ -1233,6 +1244,10 @@ def test_a_worker_groups_barrier_lives_in_its_controller_and_ends_with_the_group
     assert seen["swapped"] and seen["controller_class"].endswith("controller_barrier"), seen
     assert seen["barrier_class"] == "SynchronizationActor" and seen["handle"] == "HostedBarrier"
     assert seen["agreed"] == ["from 0", "from 0"] and seen["relaxed"] is True, seen
+    # More ranks than Ray lets an async actor (the controller) take at once, all answered:
+    # the controller started with room for them (Ray's own barrier actor would not be: said).
+    assert seen["rays_default"] == 1000 and seen["room"] == [] and seen["wide"] == ["from 0"]
+    assert "may hang at its first collective" in seen["own_barrier_room"][0], seen
     assert "SynchronizationBarrierResetError" in seen["waiter_at_shutdown"], seen
     assert "was reset" in seen["waiter_at_shutdown"], seen  # released by the shutdown
     assert "was shut down" in seen["after_shutdown"], seen

@@ -54,6 +54,7 @@ from orchestrator.observe.tracebacks import echoes_a_peer
 from orchestrator.ray_internals.head_start import dashboard_may_start
 from orchestrator.ray_internals.knobs import STATE_TRACKING
 from orchestrator.ray_internals.train_hooks import (
+    barrier_room,
     elastic_in_multiples,
     hooks_missing,
     interrupted_by_ctrl_c,
@@ -344,7 +345,8 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
         elastic_in_multiples(ray_trainer, cfg.cluster.workers_multiple_of)
     with_permanent_errors_raised(ray_trainer, recorder)
     controller = interrupted_by_ctrl_c(ray_trainer)
-    for problem in hooks_missing(ray_trainer, speed_hooks()):  # after a Ray upgrade
+    for problem in hooks_missing(ray_trainer, speed_hooks()) + \
+            barrier_room(cfg.cluster.workers, barrier_in_controller):
         log.warning("%s", problem)
         recorder.warning.remote(problem)
     display = make_display(cfg.log.progress, run.training.info.step_unit, cfg.log.progress_every_s)

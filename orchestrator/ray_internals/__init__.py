@@ -47,6 +47,8 @@ hooks the driver chooses are off (launch.py, fork_server.usable()).
 - controller_barrier.py (and barrier_handle.py, what the workers hold) [speed]: Ray Train's
   synchronization barrier kept in its controller's process, instead of an actor process per
   worker group (its controller class swapped for a subclass that holds the barriers);
+  [correctness]: the controller started with room for every rank's call at once (Ray starts
+  an async actor with room for 1,000: a larger run hung at its first collective);
 - scaling.py [speed]: Ray Train's fixed-size scaling policy without autoscaler requests (an
   embedded cluster has no autoscaler);
 - torch_backend.py [speed]: Ray Train's torch backend, its worker-side functions called

@@ -142,6 +142,28 @@ def with_barrier_in_controller() -> bool:
     return True
 
 
+# Calls a controller takes beside its ranks' (its own run, the driver's and the watcher's).
+OWN_CALLS = 100
+
+
+def room_for(ranks: int) -> bool:
+    """Ray Train's controller admits a call from each of ``ranks`` at once. A collective (the
+    preemption agreement, a report's barrier) holds every rank's call at the barrier until the
+    last rank's arrives, and Ray starts an async actor (the controller is one) with room for
+    1,000 calls at once: at ~1,000 ranks the last ranks' calls wait behind the calls that wait
+    for them, and the run hangs at its first collective (scripts/bench.py scale). Ray's
+    default for the async actors this process starts (a private module global, read as
+    fit() starts the controller) is raised to fit; never lowered. False where a Ray upgrade
+    moved it (a run that large then hangs as Ray's own barrier actor would)."""
+    import ray.actor
+
+    default = getattr(ray.actor, "DEFAULT_MAX_CONCURRENCY_ASYNC", None)
+    if not isinstance(default, int):
+        return False
+    ray.actor.DEFAULT_MAX_CONCURRENCY_ASYNC = max(default, ranks + OWN_CALLS)
+    return True
+
+
 def installed() -> bool:
     from ray.train.v2.api import data_parallel_trainer
 

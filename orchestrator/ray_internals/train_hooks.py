@@ -219,6 +219,26 @@ def with_barrier_in_controller() -> bool:
     return controller_barrier.with_barrier_in_controller()
 
 
+# Calls Ray lets an async actor (Ray Train's controller, its barrier actor) take at once.
+RAYS_ASYNC_CALLS = 1000
+
+
+def barrier_room(ranks: int, barrier_in_controller: bool) -> list[str]:
+    """Room at the barrier for every rank's call at once (controller_barrier.room_for): the
+    line to warn with where a run this large may hang at its first collective instead."""
+    if barrier_in_controller:
+        from orchestrator.ray_internals import controller_barrier
+
+        if ranks + controller_barrier.OWN_CALLS <= RAYS_ASYNC_CALLS or \
+                controller_barrier.room_for(ranks):
+            return []
+    elif ranks < RAYS_ASYNC_CALLS:
+        return []
+    return [f"Ray Train's barrier takes about {RAYS_ASYNC_CALLS} ranks' calls at once: with "
+            f"cluster.workers={ranks} the run may hang at its first collective (its barrier is "
+            "Ray's own actor here, or Ray moved the default the orchestrator raises)"]
+
+
 def with_workers_started_ahead(ray_trainer, barrier_in_controller: bool) -> None:
     """The first worker group's processes start as soon as the controller's has, beside its
     set-up (ray_internals/group_prestart.py): for a fixed-size run on an embedded cluster (one

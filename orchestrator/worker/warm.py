@@ -2,16 +2,16 @@
 (Backend.warm_imports), through Ray's worker_process_setup_hook (knobs.SETUP_HOOK), set on the
 workers' runtime environment only.
 
-In a process kept ready for a restart (orchestrator/worker/spare.py) that import is done
-before the failure, not after it: ~1 s of torch and ~0.8 s of its compiler front end
-(orchestrator/ray_internals/torch_imports.py) off every recovery here. In a run's first
-workers it is the import the backend's set-up and the first optimizer would do a moment later. Not on GPU workers: a process imports before Ray says which
-GPUs it gets, and a framework that started CUDA then would see them all. Not where the job has
-a setup hook of its own (`ray job submit` with worker_process_setup_hook): one variable holds
-one hook, and the user's runs. No framework named here: the driver passes the names, the
-backend's (Backend.warm_imports) or the training function's own
-(``training_function(warm_imports=...)``); a name ``module:function`` calls the function once
-the module is imported.
+In a process kept ready for a restart (orchestrator/worker/spare.py) that import is done before
+the failure, not after it: ~1 s of torch and ~0.8 s of its compiler front end
+(orchestrator/ray_internals/torch_imports.py) off every recovery here. In a run's first workers
+it is the import the backend's set-up and the first optimizer would do a moment later. Not on
+GPU workers: a process imports before Ray says which GPUs it gets, and a framework that started
+CUDA then would see them all. Not where the job has a setup hook of its own (`ray job submit`
+with worker_process_setup_hook): one variable holds one hook, and the user's runs. No framework
+named here: the driver passes the names, the backend's (Backend.warm_imports) or the training
+function's own (``training_function(warm_imports=...)``); a name ``module:function`` calls the
+function once the module is imported.
 
 Before the import the hook sets OMP_NUM_THREADS as Ray would for the worker's CPUs (the
 node's own value first, else max(floor(cpus), 1)): Ray sets it only once the worker is placed,

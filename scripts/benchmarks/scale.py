@@ -8,9 +8,12 @@ store for one checkpoint (every call into the S3 filesystem, counted), in all an
 rank 0's own requests, and the records it read. And run.json's size after 1,000 worker
 groups that each failed (the run record, as the recorder keeps it).
 
-What is not simulated here: the preemption agreement and the step reports go through Ray
-Train's collective and one recorder actor call per report of rank 0 (never per rank), and
-the storage probe writes one marker per node; see docs/benchmarks.md ("Scale").
+Also, on a real (embedded) Ray: the run recorder's CPU per reported step (rank 0's reports,
+never one per rank), and the preemption agreement at each N (Ray Train's barrier held as a
+run's controller holds it, every rank's call sent as a worker sends it), both as Ray starts
+an async actor and as the driver starts the controller (with room for every rank's call).
+The storage probe: its one marker read by 10 and 100 simultaneous readers. See
+docs/benchmarks.md ("Scale").
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from scripts.benchmarks.common import Goal, figure, progress
 
 SIZES = (16, 64, 256, 1024)
 THREADS = 32  # the simulated ranks' uploads in flight at once
+CHECK_EVERY_S = 1.0  # failure.preemption_check_s's default
 
 
 class CountedFS:
@@ -200,6 +204,102 @@ def recorder_per_step(steps: int = 2000, points_per_report: int = 8) -> dict:
             "snapshot_latency_ms_p99": round(1000 * latencies[int(len(latencies) * 0.99)], 2)}
 
 
+def agreement_rounds(sizes, room: bool, rounds: int = 3, timeout_s: float = 60.0) -> list[dict]:
+    """The preemption agreement at N ranks, on a real (embedded) Ray: Ray Train's barrier held
+    as a run's controller holds it (ray_internals/controller_barrier.py: an async actor whose
+    barrier_call is the controller's own), N ranks' calls sent as a worker sends them
+    (barrier_handle.HostedBarrier), one process sending all. An agreement is two rounds
+    (get_preemption_info, then rank 0's broadcast: worker_api._agree); the notice reaches the
+    ranks before it as the preemption watcher's one mark per worker (here N calls to one
+    actor standing in for the N workers). Seconds from the first rank's call to every
+    rank's answer, the median of ``rounds``; None where the ranks were not all answered
+    within ``timeout_s``. ``room``: the controller started as the driver starts it, with room
+    for every rank's call (controller_barrier.room_for); else as Ray starts an async actor."""
+    import os
+    import statistics
+
+    import ray
+
+    from orchestrator.ray_internals.barrier_handle import HostedBarrier
+    from orchestrator.ray_internals.controller_barrier import TrainController, _this_host
+
+    @ray.remote(num_cpus=0)
+    class Controller:  # as Ray Train starts its controller: num_cpus=0, nothing else
+        async def new_barrier(self) -> int:
+            return _this_host().new({"timeout_s": timeout_s}).key
+
+        barrier_call = TrainController.barrier_call
+
+    @ray.remote(num_cpus=0)
+    class Workers:
+        def __init__(self):
+            self.marked = 0
+
+        def mark_preempt(self, info) -> None:
+            self.marked += 1
+
+        def marks(self) -> int:
+            return self.marked
+
+    if room:
+        from orchestrator.ray_internals.controller_barrier import room_for
+
+        room_for(max(sizes))
+    controller, workers = Controller.remote(), Workers.remote()
+    stat = Path(f"/proc/{ray.get(controller.__ray_call__.remote(lambda self: os.getpid()))}/stat")
+
+    def controller_cpu_s() -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    rows = []
+    for world in sizes:
+        times, marks, error, cpu = [], [], None, []
+        for _ in range(rounds):
+            began = time.perf_counter()
+            for _rank in range(world):  # the watcher's marks, then a wait until all are done
+                workers.mark_preempt.remote("notice")
+            ray.get(workers.marks.remote())
+            marks.append(time.perf_counter() - began)
+            barrier = HostedBarrier(controller, ray.get(controller.new_barrier.remote()))
+            began, cpu_before = time.perf_counter(), controller_cpu_s()
+            try:
+                for method in ("get_preemption_info", "broadcast"):
+                    ray.get([barrier.broadcast_from_rank_zero.remote(
+                        world_rank=rank, world_size=world, data=method if rank == 0 else None,
+                        caller_method_name=method) for rank in range(world)],
+                        timeout=timeout_s + 30)
+                times.append(time.perf_counter() - began)
+                cpu.append(controller_cpu_s() - cpu_before)
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError) as exc:
+                times.append(None)  # the barrier's timeout: some ranks' calls never came in
+                lines = str(exc).strip().splitlines()
+                error = next((line for line in lines if "have not joined" in line), lines[-1])[:300]
+                break
+        agreed = [t for t in times if t is not None]
+        rows.append({"ranks": world,
+                     "marks_s": round(statistics.median(marks), 3),
+                     "two_rounds_s": round(statistics.median(agreed), 3) if agreed else None,
+                     # what the controller's process spends on them: their time where every
+                     # rank sends from a process of its own, not one process all
+                     "controller_cpu_s": round(statistics.median(cpu), 3) if cpu else None,
+                     "all_answered": len(agreed) == len(times), "error": error})
+        if not rows[-1]["all_answered"]:
+            break
+    return rows
+
+
+def agreement_on_ray(sizes) -> dict:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        return {"rays_default": agreement_rounds(sizes, room=False),
+                "with_room": agreement_rounds(sizes, room=True)}
+    finally:
+        ray.shutdown()
+
+
 def fitted_exponent(points: list[tuple[int, float]]) -> float | None:
     """The slope of log(value) against log(N), between the smallest and largest N."""
     import math
@@ -227,11 +327,19 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     record = run_record_size()
     progress("scale: the recorder's CPU per reported step")
     recorder = recorder_per_step()
+    progress("scale: the preemption agreement")
+    agreement = agreement_on_ray(getattr(args, "scale_sizes", SIZES))
     largest = rows[-1]
+    agreed = agreement["with_room"][-1]
+    # After a notice: the watcher's marks, the wait for the next check (at most
+    # failure.preemption_check_s, 1 s by default), the agreement's two rounds.
+    after_notice = (agreed["marks_s"] + CHECK_EVERY_S + agreed["two_rounds_s"]
+                    if agreed["all_answered"] else None)
     return {
         "rows": rows,
         "probes": probes,
         "recorder": recorder,
+        "agreement": agreement,
         "run_record": record,
         "growth": {"store_calls": fitted_exponent([(r["ranks"], r["store_calls"]) for r in rows]),
                    "commit_after_last_part_s": fitted_exponent(
@@ -248,5 +356,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
             # rank 0 alone reports, whatever the world size: per step, not per rank and step
             "recorder_cpu_ms_per_step": figure(recorder["recorder_cpu_ms_per_step"],
                                                Goal("<=", 5.0)),
+            "agreement_after_notice_s": figure(after_notice, Goal("<=", 2.0),
+                                               ranks=agreed["ranks"]),
         },
     }
