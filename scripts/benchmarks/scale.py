@@ -25,11 +25,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from orchestrator.config.schema import FailureConfig
 from scripts.benchmarks.common import Goal, figure, progress
+from scripts.benchmarks.proctree import cpu_s
 
 SIZES = (16, 64, 256, 1024)
 THREADS = 32  # the simulated ranks' uploads in flight at once
-CHECK_EVERY_S = 1.0  # failure.preemption_check_s's default
+CHECK_EVERY_S = FailureConfig().preemption_check_s  # the default
 
 
 class CountedFS:
@@ -179,11 +181,7 @@ def recorder_per_step(steps: int = 2000, points_per_report: int = 8) -> dict:
         pid = ray.get(recorder.__ray_call__.remote(lambda self: os.getpid()))
         ray.get(recorder.group_started.remote(1024, 0, time.time(), steps))
 
-        def cpu_s() -> float:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-        before, latencies, cursor, tracked = cpu_s(), [], 0, 0
+        before, latencies, cursor, tracked = cpu_s(pid), [], 0, 0
         for first in range(1, steps + 1, points_per_report):
             points = [(s, {"loss": 1.0 / s}) for s in range(first, first + points_per_report)]
             recorder.progress.remote(points[-1][0], 32 * points_per_report, points[-1][1],
@@ -194,7 +192,7 @@ def recorder_per_step(steps: int = 2000, points_per_report: int = 8) -> dict:
                 latencies.append(time.perf_counter() - asked)
                 cursor, tracked = state.cursor, state.tracked_cursor
         ray.get(recorder.snapshot.remote(cursor, tracked))
-        used = cpu_s() - before
+        used = cpu_s(pid) - before
     finally:
         ray.shutdown()
     latencies.sort()
@@ -246,11 +244,10 @@ def agreement_rounds(sizes, room: bool, rounds: int = 3, timeout_s: float = 60.0
 
         room_for(max(sizes))
     controller, workers = Controller.remote(), Workers.remote()
-    stat = Path(f"/proc/{ray.get(controller.__ray_call__.remote(lambda self: os.getpid()))}/stat")
+    pid = ray.get(controller.__ray_call__.remote(lambda self: os.getpid()))
 
     def controller_cpu_s() -> float:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(pid)
 
     rows = []
     for world in sizes:
