@@ -445,13 +445,14 @@ class WorkerContext:
         self._spec.recorder.processes.remote(dict(facts))
 
     def _agree(self, step: int) -> None:
-        info = self._collective.preemption_info()  # a barrier: every rank is here
         now = time.monotonic()
         proposal = None
         if self.rank == 0:  # rank 0's clock decides the next check and time-based saves
             proposal = (self._checks.propose(step, now), self._policy.due_by_time(now),
                         self._last_saved)
-        interval, save_now, saved_on_0 = self._collective.broadcast(proposal)
+        info, agreed = self._collective.agree(proposal)  # a barrier: every rank is here
+        # None where the barrier released without rank 0 (its node reclaimed): as before
+        interval, save_now, saved_on_0 = agreed or (self._checks.interval, False, self._last_saved)
         if saved_on_0 != self._last_saved:
             # Every rank is at this barrier, past the same steps: one rank saved where another
             # did not, and rank 0 would wait checkpoint.upload_retry_s for a part never sent.
@@ -460,7 +461,7 @@ class WorkerContext:
                 f"{self._last_saved} on rank {self.rank}: every rank calls save at the same "
                 "steps (a rank with nothing to keep passes a write that writes nothing), or no "
                 "checkpoint commits")
-        self._checks.agreed(step, interval, now)
+        self._checks.agreed(step, interval, now, time.monotonic() - now)
         if save_now:
             self._save_at = step
         if info is not None and self._notice is None:

@@ -3,15 +3,18 @@
 from orchestrator.worker.preemption_checks import PreemptionChecks
 
 
-def run_schedule(step_s: float, steps: int, every_s: float = 1.0, start: int = 0) -> list[int]:
-    """Steps at which checks happen when every step takes step_s (rank 0 = every rank)."""
+def run_schedule(step_s: float, steps: int, every_s: float = 1.0, start: int = 0,
+                 check_s: float = 0.0) -> list[int]:
+    """Steps at which checks happen when every step takes step_s and every check check_s
+    (rank 0 = every rank)."""
     checks = PreemptionChecks(every_s, start, now=0.0)
-    at = []
+    at, now = [], 0.0
     for step in range(start + 1, start + steps + 1):
-        now = (step - start) * step_s
+        now += step_s
         if checks.due(step):
             at.append(step)
-            checks.agreed(step, checks.propose(step, now), now)
+            checks.agreed(step, checks.propose(step, now), now, check_s)
+            now += check_s
     return at
 
 
@@ -37,3 +40,15 @@ def test_a_slowdown_shortens_the_next_interval():
     assert checks.due(200) and not checks.due(199)
     # those 100 steps took 10 s (100 ms each): the next check comes 10 steps on
     assert checks.propose(200, now=11.0) == 10
+
+
+def test_a_check_that_takes_long_is_spaced_out_to_a_fifth_of_the_time_not_made_every_step():
+    # 10 ms steps, and each check 2 s (its barrier at ~1,000 ranks on a small machine): counting
+    # the check itself, a 1-s period would make every step a check (training at 0.5%).
+    at = run_schedule(step_s=0.01, steps=20000, check_s=2.0)
+    gaps = [b - a for a, b in zip(at[7:], at[8:], strict=False)]
+    # a check every 10 s of wall time (2 s of it the check): 800 steps of training between
+    assert gaps and all(780 <= gap <= 800 for gap in gaps), gaps
+    # a quick check (10 ms) is still made about once a second, its own time counted
+    at = run_schedule(step_s=0.005, steps=2000, check_s=0.01)
+    assert all(195 <= b - a <= 198 for a, b in zip(at[4:], at[5:], strict=False))

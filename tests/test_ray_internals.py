@@ -892,7 +892,18 @@ group_prestart.prestart_beside_controller = at_once
 
 def train(config):
     import ray.train
-    (out / str(ray.train.get_context().get_world_rank())).write_text(str(os.getpid()))
+    from ray.train.v2._internal.execution.context import get_train_context
+    from orchestrator.ray_internals import preemption_agreement
+    rank, context = ray.train.get_context().get_world_rank(), get_train_context()
+    # The preemption agreement (preemption_agreement.py), before and after a notice reaches the
+    # workers (each marked as the watcher marks them): calls into the barrier counted.
+    calls = context.collective_seq
+    agreed = [preemption_agreement.agree(rank, ("from", rank, 0))]
+    context.preemption_context.preemption_info = f"notice marked on {rank}"
+    agreed.append(preemption_agreement.agree(rank, ("from", rank, 1)))
+    (out / str(rank)).write_text(json.dumps({
+        "pid": os.getpid(), "agreed": agreed, "calls": context.collective_seq - calls,
+        "installed": preemption_agreement.installed()}))
 
 trainer = DataParallelTrainer(
     train, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.1}),
@@ -903,8 +914,9 @@ without_autoscaling_requests(trainer)
 with_workers_started_ahead(trainer, False)
 trainer.fit()
 actual = {a["class"]: a["runtime_env"] for a in actors_started_since(0)}
-print(json.dumps({"asked": sorted(asked),
-                  "workers": sorted(int((out / str(rank)).read_text()) for rank in range(2)),
+ranks = [json.loads((out / str(rank)).read_text()) for rank in range(2)]
+print(json.dumps({"asked": sorted(asked), "ranks": ranks,
+                  "workers": sorted(rank["pid"] for rank in ranks),
                   "envs": envs, "actual": [actual["RayTrainWorker"], actual["SynchronizationActor"]]}))
 """
 
@@ -914,7 +926,8 @@ def test_a_runs_group_starts_in_processes_asked_for_with_the_environments_the_ho
     """The runtime environments the hook rebuilds, as fit() is about to start the controller
     (group_prestart.group_runtime_envs), are the ones Ray gives the group's actors, to the
     byte: both of a real run's workers start in the processes asked for with theirs, and the
-    synchronization actor's is Ray's."""
+    synchronization actor's is Ray's. There, the workers' preemption agreement
+    (preemption_agreement.py) takes one call per rank, and gives every rank rank 0's notice."""
     import subprocess
     import sys
 
@@ -927,6 +940,11 @@ def test_a_runs_group_starts_in_processes_asked_for_with_the_environments_the_ho
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(seen["asked"]) == 2 and seen["workers"] == seen["asked"], seen
     assert seen["envs"] == seen["actual"]  # the synchronization actor's too
+    # The preemption agreement is one barrier: one call per rank (Ray's public calls take two),
+    # and every rank has rank 0's notice (once the watcher marked it) and rank 0's proposal.
+    assert all(rank["installed"] and rank["calls"] == 2 for rank in seen["ranks"]), seen["ranks"]
+    assert [rank["agreed"] for rank in seen["ranks"]] == [[
+        [None, ["from", 0, 0]], ["notice marked on 0", ["from", 0, 1]]]] * 2, seen["ranks"]
 
 
 DASHBOARD_BESIDE_RAYLET_CHECK = r"""

@@ -61,6 +61,9 @@ class OneRank:
         self.checks += 1
         return Notice(10**15) if self.checks == self.notice_at else None
 
+    def agree(self, proposal):  # as RayCollective: the notice and rank 0's proposal at once
+        return self.preemption_info(), self.broadcast(proposal)
+
 
 def worker_spec(tmp_path: Path, recorder=None, resume_source: Path | None = None,
                 **checkpoint) -> WorkerSpec:
@@ -187,6 +190,8 @@ class Replayed:
 
     def preemption_info(self):
         return None
+
+    agree = OneRank.agree
 
 
 class Recording(OneRank):

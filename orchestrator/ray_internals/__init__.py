@@ -49,6 +49,9 @@ hooks the driver chooses are off (launch.py, fork_server.usable()).
   worker group (its controller class swapped for a subclass that holds the barriers);
   [correctness]: the controller started with room for every rank's call at once (Ray starts
   an async actor with room for 1,000: a larger run hung at its first collective);
+- preemption_agreement.py [speed, at scale]: the workers' agreement on a preemption notice
+  in one barrier (rank 0's notice, read where the watcher marked it, sent with its proposal in
+  Ray Train's preemption collective) instead of two: one call per rank into the controller;
 - scaling.py [speed]: Ray Train's fixed-size scaling policy without autoscaler requests (an
   embedded cluster has no autoscaler);
 - torch_backend.py [speed]: Ray Train's torch backend, its worker-side functions called

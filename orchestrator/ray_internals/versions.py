@@ -23,7 +23,7 @@ SPEED_HOOKS = "ORCHESTRATOR_SPEED_HOOKS"
 # measure what each saves, docs/benchmarks.md).
 SPEED_HOOKS_OFF = "ORCHESTRATOR_SPEED_HOOKS_OFF"
 HOOK_NAMES = ("callbacks", "barrier", "autoscaling", "started_ahead", "spares", "fork_server",
-              "page_versions")
+              "page_versions", "agreement")
 
 
 def release(version: str) -> tuple[int, int]:

@@ -23,6 +23,7 @@ import ray.train.collective
 
 from orchestrator.driver.failure_policy import WorkerError
 from orchestrator.errors import cause_of, one_line
+from orchestrator.ray_internals import preemption_agreement
 from orchestrator.storage.probe import check_worker_node
 from orchestrator.worker.spare import ask_for_spare_later
 from orchestrator.worker.start import WorkerSpec, start_point
@@ -34,11 +35,17 @@ PREEMPTION_GRACE_S = 5.0  # held past a notice's deadline before concluding the 
 
 
 class RayCollective:
+    def __init__(self, rank: int, one_round: bool = False):
+        self.rank = rank
+        self.one_round = one_round and preemption_agreement.installed()
+
     def broadcast(self, value: Any) -> Any:
         return ray.train.collective.broadcast_from_rank_zero(value)
 
-    def preemption_info(self) -> Any:
-        return ray.train.get_preemption_info()
+    def agree(self, proposal: Any) -> tuple[Any, Any]:
+        if self.one_round:  # ray_internals/preemption_agreement.py: one barrier, not two
+            return preemption_agreement.agree(self.rank, proposal)
+        return ray.train.get_preemption_info(), self.broadcast(proposal)
 
 
 def enter_code_dir(folder: str) -> None:
@@ -69,10 +76,11 @@ def train_loop_per_worker(config: dict) -> None:
         # as the driver does (a node that joined after the driver's check fails here, clearly).
         check_worker_node(config.get("storage_marker"))
         fn = import_function(spec.fn)
-        start = start_point(spec, rank, RayCollective(), workdir.path)
+        collective = RayCollective(rank, spec.one_round_agreement)
+        start = start_point(spec, rank, collective, workdir.path)
         devices = [int(g) for g in ray.get_gpu_ids()]
         ctx = WorkerContext(spec, rank, train.get_local_rank(), train.get_world_size(), devices,
-                            start, RayCollective(), workdir.path, train.get_node_rank(),
+                            start, collective, workdir.path, train.get_node_rank(),
                             train.get_local_world_size())
         life = WorkerLifecycle(ctx)
         result = fn(ctx, copy.deepcopy(spec.config))

@@ -1,14 +1,26 @@
 """When the workers next agree on preemption notices: about every `every_s` seconds.
 
 Agreeing is a barrier through Ray Train's synchronization barrier, kept in its controller
-(orchestrator/ray_internals/controller_barrier.py; a few milliseconds on a small machine): every 10 steps of a 5 ms step it cost 10-15% of DDP's throughput. Every rank
-must check at the same steps, so rank 0 times the steps since the last check and proposes the
-next one; the proposal is broadcast at each check, so all ranks keep the same schedule.
+(orchestrator/ray_internals/controller_barrier.py; a few milliseconds on a small machine):
+every 10 steps of a 5 ms step it cost 10-15% of DDP's throughput. Every rank must check at
+the same steps, so rank 0 times the steps since the last check and proposes the next one; the
+proposal is broadcast at each check, so all ranks keep the same schedule. The checks' own
+time counts, and where a check takes long they are spaced out (check_period).
 """
 
 from __future__ import annotations
 
 GROWTH = 4  # the interval at most quadruples per check: a slow first step does not linger
+# A check's share of the time at most: where a check itself takes long (its barrier is one call
+# per rank into the run's controller: ~3 s at 1,024 ranks on a small machine, scripts/bench.py
+# scale), checks are spaced out so that training keeps the rest, not checked at every step.
+OWN_SHARE = 0.2
+
+
+def check_period(every_s: float, took_s: float) -> float:
+    """Seconds from one check's start to the next's: every_s, or longer where a check takes
+    more than OWN_SHARE of that."""
+    return max(every_s, took_s / OWN_SHARE)
 
 
 class PreemptionChecks:
@@ -17,6 +29,7 @@ class PreemptionChecks:
         self.interval = 1  # the first check right after the first step of this attempt
         self.next_step = start_step + 1
         self._last = (start_step, now)
+        self._took = 0.0  # how long the last check took (rank 0's clock decides)
 
     def due(self, step: int) -> bool:
         return step >= self.next_step
@@ -26,11 +39,13 @@ class PreemptionChecks:
         steps, seconds = step - self._last[0], now - self._last[1]
         if steps <= 0 or seconds <= 0:
             return self.interval
-        wanted = int(self.every_s * steps / seconds)
+        wanted = int(check_period(self.every_s, self._took) * steps / seconds)
         return max(1, min(wanted, self.interval * GROWTH))
 
-    def agreed(self, step: int, interval: int, now: float) -> None:
-        """Every rank, with rank 0's proposal."""
+    def agreed(self, step: int, interval: int, now: float, took_s: float = 0.0) -> None:
+        """Every rank, with rank 0's proposal; ``now``: when the check began, ``took_s``: how
+        long it took."""
         self.interval = max(1, int(interval))
         self.next_step = step + self.interval
         self._last = (step, now)
+        self._took = took_s

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchestrator.config.schema import FailureConfig
+from orchestrator.worker.preemption_checks import check_period
 from scripts.benchmarks.common import Goal, figure, progress
 from scripts.benchmarks.proctree import cpu_s
 
@@ -206,19 +207,68 @@ def agreement_rounds(sizes, room: bool, rounds: int = 3, timeout_s: float = 60.0
     """The preemption agreement at N ranks, on a real (embedded) Ray: Ray Train's barrier held
     as a run's controller holds it (ray_internals/controller_barrier.py: an async actor whose
     barrier_call is the controller's own), N ranks' calls sent as a worker sends them
-    (barrier_handle.HostedBarrier), one process sending all. An agreement is two rounds
-    (get_preemption_info, then rank 0's broadcast: worker_api._agree); the notice reaches the
-    ranks before it as the preemption watcher's one mark per worker (here N calls to one
-    actor standing in for the N workers). Seconds from the first rank's call to every
-    rank's answer, the median of ``rounds``; None where the ranks were not all answered
-    within ``timeout_s``. ``room``: the controller started as the driver starts it, with room
-    for every rank's call (controller_barrier.room_for); else as Ray starts an async actor."""
-    import os
+    (barrier_handle.HostedBarrier), one process sending all. An agreement is one barrier
+    (ray_internals/preemption_agreement.py: rank 0's notice with its proposal, in Ray's
+    preemption collective), or two where that hook is off (get_preemption_info, then rank 0's
+    broadcast): both timed, interleaved. The notice reaches the ranks before it as the
+    preemption watcher's one mark per worker, rank 0's first (here N calls to one actor
+    standing in for the N workers). Seconds from the first rank's call to every rank's answer,
+    the median of ``rounds``; None where the ranks were not all answered within
+    ``timeout_s``. ``room``: the controller started as the driver starts it, with room for
+    every rank's call (controller_barrier.room_for); else as Ray starts an async actor."""
     import statistics
 
     import ray
 
-    from orchestrator.ray_internals.barrier_handle import HostedBarrier
+    controller, workers, controller_cpu_s = agreement_actors(room, max(sizes), timeout_s)
+    rows = []
+    for world in sizes:
+        took = {"first_mark": [], "marks": [], "one_round": [], "two_rounds": []}
+        cpu, error = {"one_round": [], "two_rounds": []}, None
+        for _ in range(rounds):
+            began = time.perf_counter()  # the watcher's marks, rank 0's first, as Ray sends them
+            ray.get(workers.mark_preempt.remote("notice"))
+            took["first_mark"].append(time.perf_counter() - began)
+            for _rank in range(1, world):
+                workers.mark_preempt.remote("notice")
+            ray.get(workers.marks.remote())
+            took["marks"].append(time.perf_counter() - began)
+            for kind, barriers in (("one_round", ONE_ROUND), ("two_rounds", TWO_ROUNDS)):
+                cpu_before = controller_cpu_s()
+                seconds, error = agreement_once(controller, world, barriers, timeout_s)
+                took[kind].append(seconds)
+                cpu[kind].append(controller_cpu_s() - cpu_before)
+                if seconds is None:
+                    break
+            if error:
+                break
+
+        def median(values):
+            return round(statistics.median(values), 3) if values and None not in values else None
+
+        rows.append({"ranks": world, **{f"{k}_s": median(v) for k, v in took.items()},
+                     # what the controller's process spends on them: their time where every
+                     # rank sends from a process of its own, not one process all
+                     **{f"controller_cpu_{k}_s": median(v) for k, v in cpu.items()},
+                     "all_answered": error is None, "error": error})
+        if error:
+            break
+    return rows
+
+
+# What each rank sends for one agreement: (Ray's name for the collective, relaxable), per barrier.
+ONE_ROUND = (("ray.train.get_preemption_info", True),)
+TWO_ROUNDS = (("ray.train.get_preemption_info", True),
+              ("ray.train.collective.broadcast_from_rank_zero", False))
+
+
+def agreement_actors(room: bool, ranks: int, timeout_s: float):
+    """The controller (holding barriers as a run's does), the workers' stand-in, and a
+    function reading the controller's CPU seconds."""
+    import os
+
+    import ray
+
     from orchestrator.ray_internals.controller_barrier import TrainController, _this_host
 
     @ray.remote(num_cpus=0)
@@ -242,48 +292,31 @@ def agreement_rounds(sizes, room: bool, rounds: int = 3, timeout_s: float = 60.0
     if room:
         from orchestrator.ray_internals.controller_barrier import room_for
 
-        room_for(max(sizes))
+        room_for(ranks)
     controller, workers = Controller.remote(), Workers.remote()
     pid = ray.get(controller.__ray_call__.remote(lambda self: os.getpid()))
+    return controller, workers, lambda: cpu_s(pid)
 
-    def controller_cpu_s() -> float:
-        return cpu_s(pid)
 
-    rows = []
-    for world in sizes:
-        times, marks, error, cpu = [], [], None, []
-        for _ in range(rounds):
-            began = time.perf_counter()
-            for _rank in range(world):  # the watcher's marks, then a wait until all are done
-                workers.mark_preempt.remote("notice")
-            ray.get(workers.marks.remote())
-            marks.append(time.perf_counter() - began)
-            barrier = HostedBarrier(controller, ray.get(controller.new_barrier.remote()))
-            began, cpu_before = time.perf_counter(), controller_cpu_s()
-            try:
-                for method in ("get_preemption_info", "broadcast"):
-                    ray.get([barrier.broadcast_from_rank_zero.remote(
-                        world_rank=rank, world_size=world, data=method if rank == 0 else None,
-                        caller_method_name=method) for rank in range(world)],
-                        timeout=timeout_s + 30)
-                times.append(time.perf_counter() - began)
-                cpu.append(controller_cpu_s() - cpu_before)
-            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError) as exc:
-                times.append(None)  # the barrier's timeout: some ranks' calls never came in
-                lines = str(exc).strip().splitlines()
-                error = next((line for line in lines if "have not joined" in line), lines[-1])[:300]
-                break
-        agreed = [t for t in times if t is not None]
-        rows.append({"ranks": world,
-                     "marks_s": round(statistics.median(marks), 3),
-                     "two_rounds_s": round(statistics.median(agreed), 3) if agreed else None,
-                     # what the controller's process spends on them: their time where every
-                     # rank sends from a process of its own, not one process all
-                     "controller_cpu_s": round(statistics.median(cpu), 3) if cpu else None,
-                     "all_answered": len(agreed) == len(times), "error": error})
-        if not rows[-1]["all_answered"]:
-            break
-    return rows
+def agreement_once(controller, world: int, barriers, timeout_s: float):
+    """(seconds until every rank has the answer of each barrier in turn, None) or (None, the
+    barrier's complaint)."""
+    import ray
+
+    from orchestrator.ray_internals.barrier_handle import HostedBarrier
+
+    barrier = HostedBarrier(controller, ray.get(controller.new_barrier.remote()))
+    began = time.perf_counter()
+    try:
+        for caller, relaxable in barriers:
+            ray.get([barrier.broadcast_from_rank_zero.remote(
+                world_rank=rank, world_size=world, data=("notice", (1, False, 0)) if rank == 0
+                else None, caller_method_name=caller, relaxable=relaxable)
+                for rank in range(world)], timeout=timeout_s + 30)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError) as exc:
+        lines = str(exc).strip().splitlines()  # the barrier's timeout: some calls never came in
+        return None, next((line for line in lines if "have not joined" in line), lines[-1])[:300]
+    return time.perf_counter() - began, None
 
 
 def agreement_on_ray(sizes) -> dict:
@@ -328,9 +361,12 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     agreement = agreement_on_ray(getattr(args, "scale_sizes", SIZES))
     largest = rows[-1]
     agreed = agreement["with_room"][-1]
-    # After a notice: the watcher's marks, the wait for the next check (at most
-    # failure.preemption_check_s, 1 s by default), the agreement's two rounds.
-    after_notice = (agreed["marks_s"] + CHECK_EVERY_S + agreed["two_rounds_s"]
+    # After a notice: rank 0's mark (the one the agreement reads; the watcher sends the rest
+    # meanwhile), the wait for the next check (at most failure.preemption_check_s, 1 s by
+    # default, or longer where a check takes long: worker/preemption_checks.py), the
+    # agreement's one barrier.
+    one_round = agreed["one_round_s"]
+    after_notice = (agreed["first_mark_s"] + check_period(CHECK_EVERY_S, one_round) + one_round
                     if agreed["all_answered"] else None)
     return {
         "rows": rows,
