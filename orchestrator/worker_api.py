@@ -451,7 +451,7 @@ class WorkerContext:
             proposal = (self._checks.propose(step, now), self._policy.due_by_time(now),
                         self._last_saved)
         info, agreed = self._collective.agree(proposal)  # a barrier: every rank is here
-        # None where the barrier released without rank 0 (its node reclaimed): as before
+        # None where the barrier released without rank 0 (its node reclaimed): schedule kept
         interval, save_now, saved_on_0 = agreed or (self._checks.interval, False, self._last_saved)
         if saved_on_0 != self._last_saved:
             # Every rank is at this barrier, past the same steps: one rank saved where another

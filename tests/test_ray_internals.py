@@ -894,16 +894,18 @@ def train(config):
     import ray.train
     from ray.train.v2._internal.execution.context import get_train_context
     from orchestrator.ray_internals import preemption_agreement
+    from ray.train.v2._internal.execution import collective_impl
     rank, context = ray.train.get_context().get_world_rank(), get_train_context()
     # The preemption agreement (preemption_agreement.py), before and after a notice reaches the
-    # workers (each marked as the watcher marks them): calls into the barrier counted.
-    calls = context.collective_seq
+    # workers (each marked as the watcher marks them): the calls into the barrier counted.
+    installed, calls, rays = preemption_agreement.installed(), [], collective_impl.broadcast_from_rank_zero
+    collective_impl.broadcast_from_rank_zero = lambda *a, **k: calls.append(1) or rays(*a, **k)
     agreed = [preemption_agreement.agree(rank, ("from", rank, 0))]
     context.preemption_context.preemption_info = f"notice marked on {rank}"
     agreed.append(preemption_agreement.agree(rank, ("from", rank, 1)))
     (out / str(rank)).write_text(json.dumps({
-        "pid": os.getpid(), "agreed": agreed, "calls": context.collective_seq - calls,
-        "installed": preemption_agreement.installed()}))
+        "pid": os.getpid(), "agreed": agreed, "calls": len(calls),
+        "installed": installed}))
 
 trainer = DataParallelTrainer(
     train, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.1}),
