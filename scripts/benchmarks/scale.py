@@ -278,6 +278,9 @@ def agreement_actors(room: bool, ranks: int, timeout_s: float):
 
         barrier_call = TrainController.barrier_call
 
+        async def null_call(self, key: int, method: str, args: tuple, kwargs: dict) -> None:
+            return None  # a barrier call's arguments, nothing done (per_call_cpu)
+
     @ray.remote(num_cpus=0)
     class Workers:
         def __init__(self):
@@ -325,9 +328,49 @@ def agreement_on_ray(sizes) -> dict:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         return {"rays_default": agreement_rounds(sizes, room=False),
-                "with_room": agreement_rounds(sizes, room=True)}
+                "with_room": agreement_rounds(sizes, room=True),
+                "per_call": per_call_cpu(max(sizes))}
     finally:
         ray.shutdown()
+
+
+def per_call_cpu(world: int, rounds: int = 3) -> dict:
+    """Where one barrier's time goes: the receiving process's CPU milliseconds per call, for
+    ``world`` calls at once, of a call that does nothing (an async actor's, as the
+    controller's), of a barrier in Ray Train's own actor, and of one held as a run's
+    controller holds it (the hop to its loop thread added). The medians of ``rounds``."""
+    import os
+    import statistics
+
+    import ray
+    from ray.train.v2._internal.execution.checkpoint.sync_actor import SynchronizationActor
+
+    controller, _, controller_cpu_s = agreement_actors(True, world, 60.0)
+    rays = SynchronizationActor.options(max_concurrency=world + 100).remote(timeout_s=60)
+    rays_pid = ray.get(rays.__ray_call__.remote(lambda self: os.getpid()))
+
+    def null():
+        ray.get([controller.null_call.remote(0, "broadcast_from_rank_zero", (), {})
+                 for _ in range(world)])
+
+    def rays_barrier():
+        ray.get([rays.broadcast_from_rank_zero.remote(
+            world_rank=rank, world_size=world, data=None, caller_method_name="x")
+            for rank in range(world)])
+
+    def ms_per_call(call, cpu) -> float:
+        spent = []
+        for _ in range(rounds):
+            before = cpu()
+            call()
+            spent.append(cpu() - before)
+        return round(1000 * statistics.median(spent) / world, 2)
+
+    return {"ranks": world,
+            "null_call_ms": ms_per_call(null, controller_cpu_s),
+            "rays_barrier_ms": ms_per_call(rays_barrier, lambda: cpu_s(rays_pid)),
+            "controllers_barrier_ms": ms_per_call(
+                lambda: agreement_once(controller, world, ONE_ROUND, 60.0), controller_cpu_s)}
 
 
 def fitted_exponent(points: list[tuple[int, float]]) -> float | None:
