@@ -343,10 +343,11 @@ def per_call_cpu(world: int, rounds: int = 3) -> dict:
     import statistics
 
     import ray
-    from ray.train.v2._internal.execution.checkpoint.sync_actor import SynchronizationActor
+
+    from orchestrator.ray_internals.controller_barrier import RaySynchronizationActor
 
     controller, _, controller_cpu_s = agreement_actors(True, world, 60.0)
-    rays = SynchronizationActor.options(max_concurrency=world + 100).remote(timeout_s=60)
+    rays = RaySynchronizationActor.options(max_concurrency=world + 100).remote(timeout_s=60)
     rays_pid = ray.get(rays.__ray_call__.remote(lambda self: os.getpid()))
 
     def null():
