@@ -92,6 +92,9 @@ class SeaweedS3:
              f"-ip.bind={self.bind}",
              f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
              f"-filer.port={self.ports['filer']}", "-master.volumeSizeLimitMB=256",
+             # One master: a restart on its data waits an election timeout (10 s by default)
+             # before it leads again, and S3 answers nothing until then.
+             "-master.electionTimeout=1s",
              f"-volume.max={self.volumes}",
              # It turns every volume read-only below 1% free disk by default (2.5 GB of a
              # 256 GB disk): a full test machine's S3 failed writes with a 500 while Ray
