@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The torch CPU wheel this machine kind has (docs/testing.md).
+TORCH ?= 2.13.0
 
 .PHONY: run test lint install clean smoke
 
@@ -13,7 +15,7 @@ $(STAMP): pyproject.toml setup.py orchestrator/data/_rows.c
 	# torch first, pinned, so that nothing later resolves a CUDA build of it. pip compiles
 	# every module here: Ray starts its workers with PYTHONDONTWRITEBYTECODE=1, so a module
 	# without its .pyc is compiled again in every worker (--no-compile made the suite crawl).
-	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
+	$(PY) -m pip install -q --disable-pip-version-check "torch==$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
 	touch $(STAMP)
 
@@ -31,8 +33,8 @@ test: $(STAMP)
 # SMOKE_TORCH=2.14.1` checks a newer torch than `make test`'s (PyPI's build, with CUDA
 # libraries it runs without on a machine with no GPU).
 SMOKE_RAY ?= 2.58.0
-SMOKE_TORCH ?= 2.13.0
-SMOKE_VENV ?= .venv-ray$(SMOKE_RAY)$(if $(filter-out 2.13.0,$(SMOKE_TORCH)),-torch$(SMOKE_TORCH))
+SMOKE_TORCH ?= $(TORCH)
+SMOKE_VENV ?= .venv-ray$(SMOKE_RAY)$(if $(filter-out $(TORCH),$(SMOKE_TORCH)),-torch$(SMOKE_TORCH))
 SMOKE_TESTS ?= tests/test_ray_internals.py tests/test_observe.py tests/test_ddp_e2e.py \
 	tests/test_script_e2e.py tests/test_pytorch_trainer.py \
 	"tests/test_sweep.py::test_a_parallelism_sweep_runs_each_trial_and_writes_the_scaling_report" \
