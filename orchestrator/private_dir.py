@@ -21,6 +21,8 @@ class NotPrivateError(OSError):
     """A folder that is not this user's alone; the message is one line saying why and what to
     do."""
 
+    retry = False  # in a worker: a restart meets the same folder
+
 
 def user_base() -> Path:
     """This user's private base folder, made (0700) and checked."""

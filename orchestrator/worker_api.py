@@ -371,9 +371,9 @@ class WorkerContext:
         return self._notice is not None
 
     def check_preemption(self) -> bool:
-        """A barrier for loops that do not step in lockstep (trainer=script's supervisor):
-        every rank calls it at the same moments and gets the same answer, True once a
-        preemption notice was agreed on."""
+        """For loops that do not step in lockstep (trainer=script's supervisor): every rank
+        calls it at the same moments, and its n-th call answers as rank 0's n-th did, True
+        once a preemption notice was agreed on."""
         self._agree(self._step)
         return self._notice is not None
 
@@ -450,18 +450,21 @@ class WorkerContext:
         if self.rank == 0:  # rank 0's clock decides the next check and time-based saves
             proposal = (self._checks.propose(step, now), self._policy.due_by_time(now),
                         self._last_saved)
-        info, agreed = self._collective.agree(proposal)  # a barrier: every rank is here
-        # None where the barrier released without rank 0 (its node reclaimed): schedule kept
+        info, agreed = self._collective.agree(proposal)  # every rank has rank 0's answer
+        # None where Ray's barrier released without rank 0 (its node reclaimed): schedule kept
         interval, save_now, saved_on_0 = agreed or (self._checks.interval, False, self._last_saved)
         if saved_on_0 != self._last_saved:
-            # Every rank is at this barrier, past the same steps: one rank saved where another
+            # Every rank is at this check, past the same steps: one rank saved where another
             # did not, and rank 0 would wait checkpoint.upload_retry_s for a part never sent.
             raise SaveNotOnEveryRank(
                 f"ctx.save() was last called at step {saved_on_0} on rank 0 and at step "
                 f"{self._last_saved} on rank {self.rank}: every rank calls save at the same "
                 "steps (a rank with nothing to keep passes a write that writes nothing), or no "
                 "checkpoint commits")
-        self._checks.agreed(step, interval, now, time.monotonic() - now)
+        # Rank 0 does not wait for the other nodes; they wait for it (as long as its
+        # collective saw them wait): the check's cost is theirs, and rank 0 paces the checks.
+        took = max(time.monotonic() - now, getattr(self._collective, "waited_s", 0.0))
+        self._checks.agreed(step, interval, now, took)
         if save_now:
             self._save_at = step
         if info is not None and self._notice is None:

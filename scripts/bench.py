@@ -23,7 +23,8 @@ Benchmarks (scripts/benchmarks/*.py; baselines in scripts/baselines/, each runna
                   synchronous trainer=mwms (the speed each keeps)
   scale           the control plane at 16-1,024 simulated ranks against a real S3 server: one
                   checkpoint's commit after the last part, its requests; run.json after 1,000
-                  attempts (not part of `all`)
+                  attempts; the preemption agreement after a notice (not part of `all`;
+                  --scale-parts runs some)
 
 Every comparison runs its sides in the same run, interleaved (A B, then B A, ...), and reports
 ratios of medians: the machine is shared and noisy, absolute times mean little. The load
@@ -134,6 +135,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--shuffle-seeds", type=int, default=3, help="shuffle_window's seeds")
     g.add_argument("--scale-sizes", type=lambda v: tuple(int(n) for n in v.split(",")),
                    default=(16, 64, 256, 1024), help="scale's simulated ranks")
+    g.add_argument("--scale-parts", type=lambda v: tuple(v.split(",")),
+                   default=("checkpoint", "probe", "record", "recorder", "agreement"),
+                   help="scale's parts: checkpoint, probe, record, recorder, agreement")
     return p
 
 

@@ -417,3 +417,25 @@ def test_a_write_naming_the_manifest_stops_the_run_and_an_empty_checkpoint_is_sa
                                                       r"this run can be \(name it otherwise"):
         ctx.step_done(3)
     ctx._close()
+
+
+def test_rank_0_paces_its_checks_by_what_the_other_nodes_waited_for_its_answer(tmp_path):
+    """Rank 0 does not wait at a check (preemption_agreement.py: it hands its answer to the
+    controller and goes on); what a check costs is the other nodes' wait for that answer, which
+    its collective learns from the controller (``waited_s``): the schedule counts that, so a
+    slow check is spaced out (test_preemption_checks.py) even though rank 0 never waited."""
+
+    class Paced(OneRank):
+        waited_s = 2.0  # the last nodes waited 2 s for rank 0's answer
+
+    collective = Paced()
+    spec = worker_spec(tmp_path, Recorder(), every_steps=10**6)
+    ctx = WorkerContext(spec, 0, 0, 1024, [], start_point(spec, 0, collective, tmp_path / "w"),
+                        collective, tmp_path / "w")
+    ctx.step_done(1, {"loss": 1.0}, samples=4)  # the first check, right after the first step
+    assert collective.checks == 1 and ctx._checks._took == 2.0
+    plain = OneRank()
+    ctx = WorkerContext(spec, 0, 0, 1, [], start_point(spec, 0, plain, tmp_path / "p"), plain,
+                        tmp_path / "p")
+    ctx.step_done(1, {"loss": 1.0}, samples=4)
+    assert plain.checks == 1 and ctx._checks._took < 1.0

@@ -385,7 +385,7 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
                       # A sweep's trials keep no process for a restart (orchestrator/worker/spare.py).
                       spare_after_s=cfg.failure.spare_after_s if spares else None,
                       code_dir=served_folder() or command_folder(), data_files=plan.data_files,
-                      one_round_agreement=speed_hooks("agreement"))
+                      node_agreement=speed_hooks("agreement"))
     run_config = RunConfig(
         name=plan.run_name,  # the run's name on the dashboard's Train page
         # A folder of its own for each fit(): Ray Train restores what it finds under a name

@@ -49,9 +49,11 @@ hooks the driver chooses are off (launch.py, fork_server.usable()).
   worker group (its controller class swapped for a subclass that holds the barriers);
   [correctness]: the controller started with room for every rank's call at once (Ray starts
   an async actor with room for 1,000: a larger run hung at its first collective);
-- preemption_agreement.py [speed, at scale]: the workers' agreement on a preemption notice
-  in one barrier (rank 0's notice, read where the watcher marked it, sent with its proposal in
-  Ray Train's preemption collective) instead of two: one call per rank into the controller;
+- preemption_agreement.py [speed, at scale] (and check_answers.py, in the controller): the
+  workers' agreement on a preemption notice with one call per node into the run's controller
+  (rank 0's notice, read where the watcher marked it, with its proposal; each node's ranks read
+  it from a folder on the node) and none on a one-node run, instead of two barriers of one
+  call per rank (Ray's public calls);
 - scaling.py [speed]: Ray Train's fixed-size scaling policy without autoscaler requests (an
   embedded cluster has no autoscaler);
 - torch_backend.py [speed]: Ray Train's torch backend, its worker-side functions called

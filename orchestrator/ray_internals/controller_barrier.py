@@ -43,6 +43,7 @@ from ray.train.v2._internal.execution.worker_group import worker_group as group_
 
 from orchestrator.ray_internals import barrier_handle
 from orchestrator.ray_internals.barrier_handle import HostedBarrier
+from orchestrator.ray_internals.check_answers import Answers
 
 RaySynchronizationActor = SynchronizationActor
 _Barrier = SynchronizationActor.__ray_metadata__.modified_class.__bases__[0]  # the class Ray runs
@@ -56,13 +57,22 @@ class _Host:
         self.handle = ray.get_runtime_context().current_actor
         self.loop = asyncio.new_event_loop()
         self.barriers: dict[int, Any] = {}
+        self.answers: dict[int, Answers] = {}  # rank 0's answers to the group's checks
         self._keys = itertools.count()
         threading.Thread(target=self.loop.run_forever, name="train-barriers", daemon=True).start()
 
     def new(self, options: dict) -> HostedBarrier:
         key = next(self._keys)
         self.barriers[key] = _Barrier(**options)
+        self.answers[key] = Answers(options.get("timeout_s"))
         return HostedBarrier(self.handle, key)
+
+    def answers_of(self, key: int) -> Answers:
+        answers = self.answers.get(key)
+        if answers is None:
+            raise SynchronizationBarrierResetError(
+                "the worker group's synchronization barrier was shut down")
+        return answers
 
     def submit(self, key: int, method: str, args: tuple, kwargs: dict) -> Future:
         async def call():
@@ -80,6 +90,10 @@ class _Host:
         barrier = self.barriers.pop(key, None)
         if barrier is not None:
             asyncio.run_coroutine_threadsafe(barrier.reset(), self.loop)
+        answers = self.answers.pop(key, None)
+        if answers is not None:
+            answers.close(SynchronizationBarrierResetError(
+                "the worker group's synchronization barrier was shut down"))
 
 
 _host_lock = threading.Lock()
@@ -103,6 +117,14 @@ class TrainController(controller_module.TrainController):
 
     async def barrier_call(self, key: int, method: str, args: tuple, kwargs: dict) -> Any:
         return await asyncio.wrap_future(_this_host().submit(key, method, args, kwargs))
+
+    # The workers' preemption checks (preemption_agreement.py): rank 0's answer, and each
+    # other node's call for it, on this loop (no hop to the barriers' thread).
+    async def agreement_publish(self, key: int, check: int, answer: Any) -> float:
+        return _this_host().answers_of(key).publish(check, answer)
+
+    async def agreement_answer(self, key: int, check: int) -> Any:
+        return await _this_host().answers_of(key).answer(check)
 
 
 class _SynchronizationActorHere:

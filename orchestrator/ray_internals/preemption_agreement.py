@@ -1,52 +1,113 @@
-"""The workers' agreement on a preemption notice in one barrier, not two.
+"""The workers' agreement on a preemption notice: one call per node into the run's controller,
+none at all on a one-node run.
 
-Every rank's check (worker_api.WorkerContext._agree, about once a second) asks two things at
-once: is there a notice, and rank 0's schedule (the next check, a time-based save, its last
-save). Through Ray's public calls that is two barriers: ``ray.train.get_preemption_info()``,
-which is itself rank 0's own notice broadcast to every rank, then a broadcast of rank 0's
-proposal. Each barrier is one call per rank into the run's controller, 2-3 ms of its CPU each
-on a small machine: at 1,024 simulated ranks two barriers took 5.3 s, one 2.6 s
-(scripts/bench.py scale, "agreement"; docs/benchmarks.md). Here rank 0 reads its own notice, as the watcher marked it, and sends it
-with its proposal in Ray's own preemption collective (the one that may release without
-ranks already reclaimed): one call per rank, the same answer on every rank.
+Every rank's check (worker_api.WorkerContext._agree, about once a second) needs rank 0's
+answers to two questions: is there a notice, and rank 0's schedule (the next check, a
+time-based save, its last save). Through Ray's public calls that is two barriers
+(``ray.train.get_preemption_info()``, then rank 0's broadcast), each one call per rank into the
+run's controller, 2-3 ms of its CPU each on a small machine: at 1,024 simulated ranks a check
+took 3.5 s, and with 8 ranks a node 0.14 s here (scripts/bench.py scale; docs/benchmarks.md).
+Only rank 0 has anything to say, so here no rank waits for another, only for rank 0's answer:
+- rank 0 reads its own notice, as the watcher marked it, and hands it with its proposal to the
+  controller (controller_barrier.TrainController.agreement_publish) without waiting, and posts
+  it on its node;
+- each other node's poster (its local rank 0) asks the controller for it (one call, answered
+  once rank 0's arrives: check_answers.py) and posts it on its node;
+- the node's other ranks read it there (orchestrator/worker/node_answers.py: a folder of the
+  user's own on the node's disk). A rank that shares no disk with its node's poster asks the
+  controller itself.
+On a one-node run (the local world is the whole world) rank 0 is the only poster: no call.
 
+It needs the group's barrier in the controller (controller_barrier.py: its key and handle
+name the group); where that is missing, the workers take Ray's public calls.
 tests/test_ray_internals.py checks what this takes from Ray against the installed Ray.
 """
 
 from __future__ import annotations
 
-import inspect
+import logging
+from collections.abc import Callable
 from typing import Any
 
-from ray.train.v2._internal.execution import collective_impl
+import ray
 from ray.train.v2._internal.execution.context import TrainContext, get_train_context
 
-# The collective as ray.train.get_preemption_info makes it: its name, and (Ray 2.60) relaxable,
-# so that the barrier releases it without the ranks a preemption already took
-# (set_required_ranks); Ray 2.58 has no relaxing.
-CALLER = "ray.train.get_preemption_info"
+from orchestrator.ray_internals.barrier_handle import HostedBarrier
+from orchestrator.worker.node_answers import Poster, Reader
+
+log = logging.getLogger(__name__)
+
+# How long a rank waits for its node's poster: as long as Ray's collectives wait by default
+# (a dead poster's group is torn down by Ray Train well before).
+READ_WAIT_S = 30 * 60
 
 
-def _parameters() -> set[str]:
-    try:
-        return set(inspect.signature(collective_impl.broadcast_from_rank_zero).parameters)
-    except (TypeError, ValueError):
-        return set()
+class NodeAgreement:
+    """One rank's side of the agreement (``agree``, as worker/start.py's Collective's)."""
+
+    def __init__(self, rank: int, local_rank: int, world: int, local_world: int, node: str,
+                 barrier: HostedBarrier, notice: Callable[[], Any], base=None):
+        self.rank, self._notice, self.barrier = rank, notice, barrier
+        self.alone = world == local_world  # one node
+        self.check = 0
+        self.waited_s = 0.0  # rank 0: how long the other nodes waited at the last checks
+        self._waits: ray.ObjectRef | None = None
+        group = f"{barrier.controller._actor_id.hex()}-{barrier.key}"
+        self.poster = Poster(group, node, base) if local_rank == 0 else None
+        self.reader = None if self.poster else Reader(group, node, base)
+        self._direct: bool | None = None  # a reader that shares no disk with its poster
+
+    def agree(self, proposal: Any) -> tuple[Any, Any]:
+        """(the notice rank 0 holds, or None; rank 0's ``proposal``), on every rank."""
+        self.check += 1
+        if self.rank == 0:
+            answer = (self._notice(), proposal)
+            if not (self.alone and self.poster):
+                self._publish(answer)
+        elif self.poster is not None or self._asks_controller():
+            answer = ray.get(self.barrier.controller.agreement_answer.remote(
+                self.barrier.key, self.check))
+        else:
+            return self.reader.read(self.check, READ_WAIT_S)
+        if self.poster is not None:
+            self.poster.post(self.check, answer)
+        return answer
+
+    def _asks_controller(self) -> bool:
+        if self._direct is None:  # asked once, after the group's first barrier
+            self._direct = not self.reader.shares_disk()
+            if self._direct:
+                log.warning("rank %d shares no disk with its node's first rank (no %s): it "
+                            "asks the run's controller at each preemption check itself",
+                            self.rank, self.reader.folder)
+        return self._direct
+
+    def _publish(self, answer: tuple) -> None:
+        if self._waits is not None:  # the last publish's: done long ago, never waited for
+            done, _ = ray.wait([self._waits], timeout=0)
+            self.waited_s = ray.get(done[0]) if done else self.waited_s
+        self._waits = self.barrier.controller.agreement_publish.remote(
+            self.barrier.key, self.check, answer)
+
+    def close(self) -> None:
+        if self.poster is not None:
+            self.poster.close()
 
 
-_AS_RAYS = {"relaxable": True} if "relaxable" in _parameters() else {}
-
-
-def agree(rank: int, proposal: Any) -> tuple[Any, Any]:
-    """(the notice rank 0 holds, or None; rank 0's ``proposal``), on every rank, in one
-    barrier. (None, None) where the barrier released without rank 0 (its node reclaimed)."""
-    notice = get_train_context().preemption_context.preemption_info if rank == 0 else None
-    answer = collective_impl.broadcast_from_rank_zero(
-        (notice, proposal) if rank == 0 else None, caller_method_name=CALLER, **_AS_RAYS)
-    return answer if answer is not None else (None, None)
+def for_this_worker(rank: int) -> NodeAgreement | None:
+    """This worker's side, made before the group's first barrier (its node's poster makes the
+    folder then); None where the group's barrier is not in its controller."""
+    context = get_train_context()
+    barrier = context.get_synchronization_actor()
+    if not (isinstance(barrier, HostedBarrier) and installed()):
+        return None
+    return NodeAgreement(
+        rank, context.get_local_rank(), context.get_world_size(),
+        context.get_local_world_size(), ray.util.get_node_ip_address(), barrier,
+        lambda: get_train_context().preemption_context.preemption_info)
 
 
 def installed() -> bool:
     """What this reads is where Ray 2.58-2.60 keep it (checked in the worker, where it runs)."""
-    return ("caller_method_name" in _parameters()
-            and "preemption_context" in getattr(TrainContext, "__dataclass_fields__", {}))
+    return ("preemption_context" in getattr(TrainContext, "__dataclass_fields__", {})
+            and callable(getattr(TrainContext, "get_synchronization_actor", None)))

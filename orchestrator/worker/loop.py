@@ -35,17 +35,27 @@ PREEMPTION_GRACE_S = 5.0  # held past a notice's deadline before concluding the 
 
 
 class RayCollective:
-    def __init__(self, rank: int, one_round: bool = False):
+    def __init__(self, rank: int, node_agreement: bool = False):
         self.rank = rank
-        self.one_round = one_round and preemption_agreement.installed()
+        # ray_internals/preemption_agreement.py: one call per node, none on one node
+        self.node = preemption_agreement.for_this_worker(rank) if node_agreement else None
+
+    @property
+    def waited_s(self) -> float:
+        """Rank 0: how long the other nodes waited for its answer at its last checks."""
+        return self.node.waited_s if self.node is not None else 0.0
 
     def broadcast(self, value: Any) -> Any:
         return ray.train.collective.broadcast_from_rank_zero(value)
 
     def agree(self, proposal: Any) -> tuple[Any, Any]:
-        if self.one_round:  # ray_internals/preemption_agreement.py: one barrier, not two
-            return preemption_agreement.agree(self.rank, proposal)
+        if self.node is not None:
+            return self.node.agree(proposal)
         return ray.train.get_preemption_info(), self.broadcast(proposal)
+
+    def close(self) -> None:
+        if self.node is not None:
+            self.node.close()
 
 
 def enter_code_dir(folder: str) -> None:
@@ -70,13 +80,14 @@ def train_loop_per_worker(config: dict) -> None:
         return  # a failure repeated: the driver reports it; restarting again would not help
     workdir = Workdir(rank)  # removed at the end; a killed worker's, by the next one
     life: WorkerLifecycle | None = None
+    collective: RayCollective | None = None
     spare = ask_for_spare_later(spec.spare_after_s, spec.recorder, says=rank == 0)  # worker/spare.py
     try:  # an exception from the training code is recorded, then re-raised
         # Shared storage (orchestrator/storage/probe.py): this node must see the run's folder
         # as the driver does (a node that joined after the driver's check fails here, clearly).
         check_worker_node(config.get("storage_marker"))
         fn = import_function(spec.fn)
-        collective = RayCollective(rank, spec.one_round_agreement)
+        collective = RayCollective(rank, spec.node_agreement)
         start = start_point(spec, rank, collective, workdir.path)
         devices = [int(g) for g in ray.get_gpu_ids()]
         ctx = WorkerContext(spec, rank, train.get_local_rank(), train.get_world_size(), devices,
@@ -100,6 +111,8 @@ def train_loop_per_worker(config: dict) -> None:
     finally:
         if spare is not None:
             spare.cancel()
+        if collective is not None:
+            collective.close()
         if life is not None:
             life.close()
             shutil.rmtree(life.staging, ignore_errors=True)

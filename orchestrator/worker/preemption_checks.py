@@ -1,19 +1,22 @@
 """When the workers next agree on preemption notices: about every `every_s` seconds.
 
-Agreeing is a barrier through Ray Train's synchronization barrier, kept in its controller
-(orchestrator/ray_internals/controller_barrier.py; a few milliseconds on a small machine):
-every 10 steps of a 5 ms step it cost 10-15% of DDP's throughput. Every rank must check at
-the same steps, so rank 0 times the steps since the last check and proposes the next one; the
-proposal is broadcast at each check, so all ranks keep the same schedule. The checks' own
-time counts, and where a check takes long they are spaced out (check_period).
+Agreeing takes rank 0's answer to every rank (orchestrator/ray_internals/preemption_agreement.py:
+one call per node into the run's controller, none on one node; Ray's public calls, two barriers
+of one call per rank, where its hooks are off): every 10 steps of a 5 ms step a barrier cost
+10-15% of DDP's throughput. Every rank must check at the same steps, so rank 0 times the steps
+since the last check and proposes the next one; the proposal goes with its answer, so all ranks
+keep the same schedule. The checks' own time counts (what the other nodes waited for rank 0's
+answer, where rank 0 itself does not wait), and where a check takes long they are spaced out
+(check_period).
 """
 
 from __future__ import annotations
 
 GROWTH = 4  # the interval at most quadruples per check: a slow first step does not linger
-# A check's share of the time at most: where a check itself takes long (its barrier is one call
-# per rank into the run's controller: ~3 s at 1,024 ranks on a small machine, scripts/bench.py
-# scale), checks are spaced out so that training keeps the rest, not checked at every step.
+# A check's share of the time at most: where a check itself takes long (Ray's barriers, one call
+# per rank into the run's controller: ~3.5 s at 1,024 ranks on a small machine; one call per
+# node: 0.14 s at 128 nodes; scripts/bench.py scale), checks are spaced out so that training
+# keeps the rest, not checked at every step.
 OWN_SHARE = 0.2
 
 

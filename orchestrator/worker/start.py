@@ -49,7 +49,7 @@ class WorkerSpec:
     # a service's job's processes in the folder of its first command)
     code_dir: str | None = None
     data_files: dict | None = None  # {file: SHA-256} of the data: every checkpoint keeps it
-    one_round_agreement: bool = False  # the "agreement" hook (ray_internals/preemption_agreement.py)
+    node_agreement: bool = False  # the "agreement" hook (ray_internals/preemption_agreement.py)
 
     def __repr__(self) -> str:
         # Ray Train stringifies the train loop config (this spec) into the run state that the
@@ -62,7 +62,8 @@ class WorkerSpec:
 class Collective(Protocol):
     def broadcast(self, value: Any) -> Any: ...  # rank 0's value, on every rank
 
-    # A barrier: (the drain notice, or None; rank 0's proposal), the same on every rank.
+    # (the drain notice, or None; rank 0's proposal), the same on every rank. ``waited_s``, if
+    # the collective has it: rank 0's, how long the other ranks waited for its last answers.
     def agree(self, proposal: Any) -> tuple[Any, Any]: ...
 
 

@@ -9,10 +9,11 @@ rank 0's own requests, and the records it read. And run.json's size after 1,000 
 groups that each failed (the run record, as the recorder keeps it).
 
 Also, on a real (embedded) Ray: the run recorder's CPU per reported step (rank 0's reports,
-never one per rank), and the preemption agreement at each N (Ray Train's barrier held as a
-run's controller holds it, every rank's call sent as a worker sends it), both as Ray starts
-an async actor and as the driver starts the controller (with room for every rank's call).
-The storage probe: its one marker read by 10 and 100 simultaneous readers. See
+never one per rank), and the preemption agreement at each N (PER_NODE ranks a node): rank 0's
+answer and each other node's call for it into the run's controller class, and one node's
+ranks reading it from the node's folder; beside it Ray's public calls (two barriers of one
+call per rank, the path where the hooks are off). The storage probe: its one marker read by
+10 and 100 simultaneous readers. `--scale-parts agreement` runs one part. See
 docs/benchmarks.md ("Scale").
 """
 
@@ -203,28 +204,34 @@ def recorder_per_step(steps: int = 2000, points_per_report: int = 8) -> dict:
             "snapshot_latency_ms_p99": round(1000 * latencies[int(len(latencies) * 0.99)], 2)}
 
 
-def agreement_rounds(sizes, room: bool, rounds: int = 3, timeout_s: float = 60.0) -> list[dict]:
-    """The preemption agreement at N ranks, on a real (embedded) Ray: Ray Train's barrier held
-    as a run's controller holds it (ray_internals/controller_barrier.py: an async actor whose
-    barrier_call is the controller's own), N ranks' calls sent as a worker sends them
-    (barrier_handle.HostedBarrier), one process sending all. An agreement is one barrier
-    (ray_internals/preemption_agreement.py: rank 0's notice with its proposal, in Ray's
-    preemption collective), or two where that hook is off (get_preemption_info, then rank 0's
-    broadcast): both timed, interleaved. The notice reaches the ranks before it as the
-    preemption watcher's one mark per worker, rank 0's first (here N calls to one actor
-    standing in for the N workers). Seconds from the first rank's call to every rank's answer,
-    the median of ``rounds``; None where the ranks were not all answered within
-    ``timeout_s``. ``room``: the controller started as the driver starts it, with room for
-    every rank's call (controller_barrier.room_for); else as Ray starts an async actor."""
+PER_NODE = 8  # ranks a node: a GPU node's 8 (the local part is measured on one such node)
+
+
+def agreement_rounds(sizes, rounds: int = 3, timeout_s: float = 60.0) -> list[dict]:
+    """The preemption agreement at N ranks (PER_NODE a node), on a real (embedded) Ray, the
+    real controller class's methods in an actor started as Ray Train starts its controller.
+    Now (ray_internals/preemption_agreement.py): rank 0's answer and one call from each other
+    node's poster into the controller (check_answers.py), all sent from one process; then, on
+    every node at once, its other ranks read the answer from the node's folder
+    (worker/node_answers.py): measured on one node, as threads. Before, and where the hooks
+    are off, Ray's public calls: two barriers of one call per rank (get_preemption_info, then
+    rank 0's broadcast), held as the controller holds them (controller_barrier.py), with room
+    for every rank's call. Interleaved, the medians of ``rounds``. The notice reaches the ranks
+    before it as the preemption watcher's one mark per worker, rank 0's first (here N calls
+    to one actor standing in for the N workers)."""
     import statistics
 
     import ray
 
-    controller, workers, controller_cpu_s = agreement_actors(room, max(sizes), timeout_s)
+    from orchestrator.ray_internals.controller_barrier import room_for
+
+    room_for(max(sizes))
+    controller, workers, controller_cpu_s = agreement_actors(timeout_s)
     rows = []
     for world in sizes:
-        took = {"first_mark": [], "marks": [], "one_round": [], "two_rounds": []}
-        cpu, error = {"one_round": [], "two_rounds": []}, None
+        took = {"first_mark": [], "marks": [], "per_node": [], "on_a_node": [],
+                "two_rounds": []}
+        cpu, error = {"per_node": [], "two_rounds": []}, None
         for _ in range(rounds):
             began = time.perf_counter()  # the watcher's marks, rank 0's first, as Ray sends them
             ray.get(workers.mark_preempt.remote("notice"))
@@ -233,9 +240,10 @@ def agreement_rounds(sizes, room: bool, rounds: int = 3, timeout_s: float = 60.0
                 workers.mark_preempt.remote("notice")
             ray.get(workers.marks.remote())
             took["marks"].append(time.perf_counter() - began)
-            for kind, barriers in (("one_round", ONE_ROUND), ("two_rounds", TWO_ROUNDS)):
+            took["on_a_node"].append(on_a_node(min(world, PER_NODE)))
+            for kind, agree in (("per_node", per_node_once), ("two_rounds", two_rounds_once)):
                 cpu_before = controller_cpu_s()
-                seconds, error = agreement_once(controller, world, barriers, timeout_s)
+                seconds, error = agree(controller, world, timeout_s)
                 took[kind].append(seconds)
                 cpu[kind].append(controller_cpu_s() - cpu_before)
                 if seconds is None:
@@ -244,9 +252,10 @@ def agreement_rounds(sizes, room: bool, rounds: int = 3, timeout_s: float = 60.0
                 break
 
         def median(values):
-            return round(statistics.median(values), 3) if values and None not in values else None
+            return round(statistics.median(values), 4) if values and None not in values else None
 
-        rows.append({"ranks": world, **{f"{k}_s": median(v) for k, v in took.items()},
+        rows.append({"ranks": world, "nodes": nodes_of(world),
+                     **{f"{k}_s": median(v) for k, v in took.items()},
                      # what the controller's process spends on them: their time where every
                      # rank sends from a process of its own, not one process all
                      **{f"controller_cpu_{k}_s": median(v) for k, v in cpu.items()},
@@ -256,14 +265,12 @@ def agreement_rounds(sizes, room: bool, rounds: int = 3, timeout_s: float = 60.0
     return rows
 
 
-# What each rank sends for one agreement: (Ray's name for the collective, relaxable), per barrier.
-ONE_ROUND = (("ray.train.get_preemption_info", True),)
-TWO_ROUNDS = (("ray.train.get_preemption_info", True),
-              ("ray.train.collective.broadcast_from_rank_zero", False))
+def nodes_of(world: int) -> int:
+    return -(-world // PER_NODE)
 
 
-def agreement_actors(room: bool, ranks: int, timeout_s: float):
-    """The controller (holding barriers as a run's does), the workers' stand-in, and a
+def agreement_actors(timeout_s: float):
+    """The controller (the run's controller's own methods), the workers' stand-in, and a
     function reading the controller's CPU seconds."""
     import os
 
@@ -277,6 +284,8 @@ def agreement_actors(room: bool, ranks: int, timeout_s: float):
             return _this_host().new({"timeout_s": timeout_s}).key
 
         barrier_call = TrainController.barrier_call
+        agreement_publish = TrainController.agreement_publish
+        agreement_answer = TrainController.agreement_answer
 
         async def null_call(self, key: int, method: str, args: tuple, kwargs: dict) -> None:
             return None  # a barrier call's arguments, nothing done (per_call_cpu)
@@ -292,16 +301,59 @@ def agreement_actors(room: bool, ranks: int, timeout_s: float):
         def marks(self) -> int:
             return self.marked
 
-    if room:
-        from orchestrator.ray_internals.controller_barrier import room_for
-
-        room_for(ranks)
     controller, workers = Controller.remote(), Workers.remote()
     pid = ray.get(controller.__ray_call__.remote(lambda self: os.getpid()))
     return controller, workers, lambda: cpu_s(pid)
 
 
-def agreement_once(controller, world: int, barriers, timeout_s: float):
+def failed(exc: Exception) -> tuple[None, str]:
+    lines = str(exc).strip().splitlines()  # the barrier's timeout: some calls never came in
+    return None, next((line for line in lines if "have not joined" in line), lines[-1])[:300]
+
+
+def per_node_once(controller, world: int, timeout_s: float):
+    """(seconds until rank 0's answer reached every node's poster, None) or (None, why)."""
+    import ray
+
+    key = ray.get(controller.new_barrier.remote())
+    began = time.perf_counter()
+    try:
+        answers = [controller.agreement_answer.remote(key, 1) for _ in range(nodes_of(world) - 1)]
+        ray.get(controller.agreement_publish.remote(key, 1, ("notice", (1, False, 0))))
+        ray.get(answers, timeout=timeout_s + 30)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError) as exc:
+        return failed(exc)
+    return time.perf_counter() - began, None
+
+
+def on_a_node(ranks: int) -> float:
+    """Seconds from a node's poster posting an answer to the last of its other ``ranks`` - 1
+    ranks reading it (worker/node_answers.py; they are waiting for it, as threads)."""
+    import tempfile
+
+    from orchestrator.worker.node_answers import Poster, Reader
+
+    with tempfile.TemporaryDirectory(prefix="scale-node-") as base:
+        poster = Poster("bench", "10.0.0.1", Path(base))
+        readers = [Reader("bench", "10.0.0.1", Path(base)) for _ in range(ranks - 1)]
+        read_at: list[float] = []
+        threads = [threading.Thread(target=lambda r=r: (r.read(1, 60), read_at.append(
+            time.perf_counter()))) for r in readers]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.05)  # every reader waiting
+        posted = time.perf_counter()
+        poster.post(1, ("notice", (1, False, 0)))
+        for thread in threads:
+            thread.join(60)
+        poster.close()
+    return max(read_at, default=posted) - posted
+
+
+TWO_ROUNDS = ("ray.train.get_preemption_info", "ray.train.collective.broadcast_from_rank_zero")
+
+
+def two_rounds_once(controller, world: int, timeout_s: float, callers=TWO_ROUNDS):
     """(seconds until every rank has the answer of each barrier in turn, None) or (None, the
     barrier's complaint)."""
     import ray
@@ -311,14 +363,13 @@ def agreement_once(controller, world: int, barriers, timeout_s: float):
     barrier = HostedBarrier(controller, ray.get(controller.new_barrier.remote()))
     began = time.perf_counter()
     try:
-        for caller, relaxable in barriers:
+        for caller in callers:
             ray.get([barrier.broadcast_from_rank_zero.remote(
                 world_rank=rank, world_size=world, data=("notice", (1, False, 0)) if rank == 0
-                else None, caller_method_name=caller, relaxable=relaxable)
-                for rank in range(world)], timeout=timeout_s + 30)
+                else None, caller_method_name=caller) for rank in range(world)],
+                timeout=timeout_s + 30)
     except (ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError) as exc:
-        lines = str(exc).strip().splitlines()  # the barrier's timeout: some calls never came in
-        return None, next((line for line in lines if "have not joined" in line), lines[-1])[:300]
+        return failed(exc)
     return time.perf_counter() - began, None
 
 
@@ -327,18 +378,17 @@ def agreement_on_ray(sizes) -> dict:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        return {"rays_default": agreement_rounds(sizes, room=False),
-                "with_room": agreement_rounds(sizes, room=True),
-                "per_call": per_call_cpu(max(sizes))}
+        return {"rows": agreement_rounds(sizes), "per_call": per_call_cpu(max(sizes))}
     finally:
         ray.shutdown()
 
 
 def per_call_cpu(world: int, rounds: int = 3) -> dict:
-    """Where one barrier's time goes: the receiving process's CPU milliseconds per call, for
-    ``world`` calls at once, of a call that does nothing (an async actor's, as the
-    controller's), of a barrier in Ray Train's own actor, and of one held as a run's
-    controller holds it (the hop to its loop thread added). The medians of ``rounds``."""
+    """What one call costs the process it enters, in CPU milliseconds, for ``world`` calls at
+    once: a call that does nothing (an async actor's, as the controller's), a barrier in Ray
+    Train's own actor, one held as a run's controller holds it (the hop to its loop thread
+    added), and a node's call for rank 0's answer (check_answers.py). The medians of
+    ``rounds``."""
     import os
     import statistics
 
@@ -346,7 +396,7 @@ def per_call_cpu(world: int, rounds: int = 3) -> dict:
 
     from orchestrator.ray_internals.controller_barrier import RaySynchronizationActor
 
-    controller, _, controller_cpu_s = agreement_actors(True, world, 60.0)
+    controller, _, controller_cpu_s = agreement_actors(60.0)
     rays = RaySynchronizationActor.options(max_concurrency=world + 100).remote(timeout_s=60)
     rays_pid = ray.get(rays.__ray_call__.remote(lambda self: os.getpid()))
 
@@ -359,6 +409,12 @@ def per_call_cpu(world: int, rounds: int = 3) -> dict:
             world_rank=rank, world_size=world, data=None, caller_method_name="x")
             for rank in range(world)])
 
+    def answers():
+        key = ray.get(controller.new_barrier.remote())
+        waiting = [controller.agreement_answer.remote(key, 1) for _ in range(world - 1)]
+        ray.get(controller.agreement_publish.remote(key, 1, ("notice", (1, False, 0))))
+        ray.get(waiting)
+
     def ms_per_call(call, cpu) -> float:
         spent = []
         for _ in range(rounds):
@@ -370,8 +426,9 @@ def per_call_cpu(world: int, rounds: int = 3) -> dict:
     return {"ranks": world,
             "null_call_ms": ms_per_call(null, controller_cpu_s),
             "rays_barrier_ms": ms_per_call(rays_barrier, lambda: cpu_s(rays_pid)),
-            "controllers_barrier_ms": ms_per_call(
-                lambda: agreement_once(controller, world, ONE_ROUND, 60.0), controller_cpu_s)}
+            "controllers_barrier_ms": ms_per_call(lambda: two_rounds_once(
+                controller, world, 60.0, TWO_ROUNDS[:1]), controller_cpu_s),
+            "answer_call_ms": ms_per_call(answers, controller_cpu_s)}
 
 
 def fitted_exponent(points: list[tuple[int, float]]) -> float | None:
@@ -384,56 +441,80 @@ def fitted_exponent(points: list[tuple[int, float]]) -> float | None:
     return round(math.log(v1 / v0) / math.log(n1 / n0), 2)
 
 
+PARTS = ("checkpoint", "probe", "record", "recorder", "agreement")
+
+
 def run(args: argparse.Namespace, work: Path) -> dict:
+    parts = getattr(args, "scale_parts", PARTS)
+    sizes = getattr(args, "scale_sizes", SIZES)
+    result: dict = {"figures": {}}
+    if "checkpoint" in parts or "probe" in parts:
+        result.update(on_the_store(parts, sizes, work))
+    if "record" in parts:
+        result["run_record"] = record = run_record_size()
+        result["figures"]["run_json_bytes_after_1000_attempts"] = figure(record["bytes"],
+                                                                          Goal("<=", 2**20))
+    if "recorder" in parts:
+        progress("scale: the recorder's CPU per reported step")
+        result["recorder"] = recorder = recorder_per_step()
+        # rank 0 alone reports, whatever the world size: per step, not per rank and step
+        result["figures"]["recorder_cpu_ms_per_step"] = figure(
+            recorder["recorder_cpu_ms_per_step"], Goal("<=", 5.0))
+    if "agreement" in parts:
+        progress("scale: the preemption agreement")
+        result["agreement"] = agreement = agreement_on_ray(sizes)
+        result["figures"]["agreement_after_notice_s"] = after_notice(agreement["rows"][-1])
+    return result
+
+
+def after_notice(agreed: dict):
+    """From a notice to every rank agreeing: rank 0's mark (the one the agreement reads; the
+    watcher sends the rest meanwhile), the wait for the next check (at most
+    failure.preemption_check_s, 1 s by default, or longer where the other nodes wait long for
+    rank 0's answer: worker/preemption_checks.py), the answer reaching every node's poster,
+    and the node's other ranks reading it (every node at once)."""
+    if not agreed["all_answered"]:
+        return figure(None, Goal("<=", 2.0), ranks=agreed["ranks"])
+    seconds = (agreed["first_mark_s"] + check_period(CHECK_EVERY_S, agreed["per_node_s"])
+               + agreed["per_node_s"] + agreed["on_a_node_s"])
+    return figure(round(seconds, 3), Goal("<=", 2.0), ranks=agreed["ranks"],
+                  ranks_per_node=PER_NODE)
+
+
+def on_the_store(parts, sizes, work: Path) -> dict:
     from scripts.s3_server import SeaweedS3
 
+    result: dict = {"figures": {}}
     server = SeaweedS3(work / "seaweed").start()
     try:
         server.filesystem().create_dir("scale-bench")
-        rows = []
-        for world in getattr(args, "scale_sizes", SIZES):
-            progress(f"scale: one checkpoint of {world} ranks")
-            rows.append(one_checkpoint(server, world, work))
-        progress("scale: the storage probe for 10 and 100 nodes")
-        probes = [probe_time(server, n) for n in (10, 100)]
+        if "checkpoint" in parts:
+            rows = []
+            for world in sizes:
+                progress(f"scale: one checkpoint of {world} ranks")
+                rows.append(one_checkpoint(server, world, work))
+            result.update(rows=rows, growth=checkpoint_growth(rows))
+            result["figures"].update(checkpoint_figures(rows[-1]))
+        if "probe" in parts:
+            progress("scale: the storage probe for 10 and 100 nodes")
+            result["probes"] = probes = [probe_time(server, n) for n in (10, 100)]
+            result["figures"]["probe_100_nodes_s"] = figure(probes[-1]["seconds"],
+                                                            Goal("<=", 10.0))
     finally:
         server.stop(kill=True)
-    record = run_record_size()
-    progress("scale: the recorder's CPU per reported step")
-    recorder = recorder_per_step()
-    progress("scale: the preemption agreement")
-    agreement = agreement_on_ray(getattr(args, "scale_sizes", SIZES))
-    largest = rows[-1]
-    agreed = agreement["with_room"][-1]
-    # After a notice: rank 0's mark (the one the agreement reads; the watcher sends the rest
-    # meanwhile), the wait for the next check (at most failure.preemption_check_s, 1 s by
-    # default, or longer where a check takes long: worker/preemption_checks.py), the
-    # agreement's one barrier.
-    one_round = agreed["one_round_s"]
-    after_notice = (agreed["first_mark_s"] + check_period(CHECK_EVERY_S, one_round) + one_round
-                    if agreed["all_answered"] else None)
-    return {
-        "rows": rows,
-        "probes": probes,
-        "recorder": recorder,
-        "agreement": agreement,
-        "run_record": record,
-        "growth": {"store_calls": fitted_exponent([(r["ranks"], r["store_calls"]) for r in rows]),
-                   "commit_after_last_part_s": fitted_exponent(
-                       [(r["ranks"], max(r["commit_after_last_part_s"], 1e-3)) for r in rows])},
-        "figures": {
-            "commit_after_last_part_s": figure(largest["commit_after_last_part_s"],
+    return result
+
+
+def checkpoint_growth(rows: list[dict]) -> dict:
+    return {"store_calls": fitted_exponent([(r["ranks"], r["store_calls"]) for r in rows]),
+            "commit_after_last_part_s": fitted_exponent(
+                [(r["ranks"], max(r["commit_after_last_part_s"], 1e-3)) for r in rows])}
+
+
+def checkpoint_figures(largest: dict) -> dict:
+    return {"commit_after_last_part_s": figure(largest["commit_after_last_part_s"],
                                                Goal("<=", 2.0), ranks=largest["ranks"]),
             "store_calls_per_rank": figure(largest["store_calls_per_rank"], Goal("<=", 20),
                                            ranks=largest["ranks"]),
             "rank0_part_records_read_per_rank": figure(
-                largest["rank0_part_records_read"] / largest["ranks"], Goal("<=", 1.0)),
-            "run_json_bytes_after_1000_attempts": figure(record["bytes"], Goal("<=", 2**20)),
-            "probe_100_nodes_s": figure(probes[-1]["seconds"], Goal("<=", 10.0)),
-            # rank 0 alone reports, whatever the world size: per step, not per rank and step
-            "recorder_cpu_ms_per_step": figure(recorder["recorder_cpu_ms_per_step"],
-                                               Goal("<=", 5.0)),
-            "agreement_after_notice_s": figure(after_notice, Goal("<=", 2.0),
-                                               ranks=agreed["ranks"]),
-        },
-    }
+                largest["rank0_part_records_read"] / largest["ranks"], Goal("<=", 1.0))}
