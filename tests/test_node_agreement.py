@@ -14,7 +14,7 @@ import pytest
 from orchestrator.private_dir import NotPrivateError
 from orchestrator.ray_internals.check_answers import KEEP, Answers
 from orchestrator.worker import node_answers
-from orchestrator.worker.node_answers import NotPosted, Poster, Reader
+from orchestrator.worker.node_answers import NotPosted, Poster, PosterGone, Reader
 
 
 def test_a_check_is_answered_with_rank_0s_answer_whenever_each_side_arrives():
@@ -87,6 +87,8 @@ def test_a_nodes_ranks_read_what_its_poster_posts_in_a_folder_of_the_users_alone
         readers[0].read(999, 0.05)
     poster.close()
     assert not poster.folder.exists()
+    with pytest.raises(PosterGone):  # its rank ended first: asked elsewhere, not waited for
+        readers[0].read(KEEP + 3, 30)
 
 
 def test_a_folder_open_to_others_or_a_link_is_never_read_and_a_killed_groups_is_removed(

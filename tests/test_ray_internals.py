@@ -1685,8 +1685,8 @@ def group(nodes, per_node, disks):
     # Simulated ranks, as Ray Train numbers them: a node's ranks consecutive, rank 0 first.
     barrier = HostedBarrier(controller, ray.get(controller.new_barrier.remote()))
     notice = [None]
-    ranks = [NodeAgreement(r, r % per_node, nodes * per_node, per_node, f"10.0.0.{r // per_node}",
-                           barrier, lambda: notice[0], disks(r)) for r in range(nodes * per_node)]
+    ranks = [NodeAgreement(r, r % per_node, f"10.0.0.{r // per_node}", barrier, lambda: notice[0],
+                           disks(r)) for r in range(nodes * per_node)]
     return barrier, notice, ranks
 
 def agree_all(ranks, check):
@@ -1717,6 +1717,11 @@ seen = {"installed": preemption_agreement.installed(),
         # a rank whose node's poster writes to another disk (one address, two /tmp)
         "no_shared_disk": scenario(2, 2, lambda r: disk("other" if r == 3 else f"node{r // 2}"))}
 seen["warned"] = warned
+# A rank whose node's first rank (here rank 0) ended, its folder removed, before this rank's
+# check: it asks the controller, which holds rank 0's answer.
+barrier, _, ranks = group(1, 2, lambda r: disk("ended"))
+seen["first_ended"] = [ranks[0].agree(("from", 0, 1)), ranks[1].agree(None),
+                       ranks[0].agree(("from", 0, 2)), ranks[0].close(), ranks[1].agree(None)]
 # A group shut down while a node's poster waits for rank 0's answer: the poster's call fails,
 # as a rank waiting in Ray's barrier does.
 barrier, _, ranks = group(2, 1, lambda r: disk(f"late{r}"))
@@ -1730,14 +1735,15 @@ print(json.dumps(seen))
 """
 
 
-def test_ranks_agree_with_one_call_per_node_into_the_controller_and_none_on_one_node(
+def test_ranks_agree_with_one_call_per_node_into_the_controller(
         ray_head, tmp_path):
     """preemption_agreement.py against the real controller class on a real Ray, each call into
     it counted: 6 simulated ranks on 3 nodes (each node its own disk) agree on rank 0's notice
     and proposal with 3 calls a check (rank 0's answer, one from each other node's poster: not
-    one per rank, which made a check ~2.6 s at 1,024 ranks); 4 ranks on one node with none;
-    a rank that shares no disk with its node's poster asks itself, said once. A group shut
-    down fails a poster's waiting call, as Ray's barrier fails its waiters."""
+    one per rank, which made a check ~3.5 s at 1,024 ranks); 4 ranks on one node with rank 0's
+    call alone; a rank that shares no disk with its node's poster asks itself, said once, as
+    does one whose poster ended first. A group shut down fails a poster's waiting call, as
+    Ray's barrier fails its waiters."""
     import subprocess
     import sys
 
@@ -1755,9 +1761,11 @@ def test_ranks_agree_with_one_call_per_node_into_the_controller_and_none_on_one_
 
     three, one, apart = seen["three_nodes"], seen["one_node"], seen["no_shared_disk"]
     assert three["agreed"] == rank_0s(6) and three["calls"] == [3, 3, 3], three
-    assert one["agreed"] == rank_0s(4) and one["calls"] == [0, 0, 0], one
+    assert one["agreed"] == rank_0s(4) and one["calls"] == [1, 1, 1], one  # rank 0's, not waited
     assert apart["agreed"] == rank_0s(4) and apart["calls"] == [3, 3, 3], apart
     assert len([w for w in seen["warned"] if "rank 3 shares no disk" in w]) == 1, seen["warned"]
+    assert seen["first_ended"] == [[None, ["from", 0, 1]]] * 2 + [[None, ["from", 0, 2]], None,
+                                                                  [None, ["from", 0, 2]]]
     # What the other nodes waited (rank 0's checks are paced by it); the posters' folders gone
     assert three["waited"] > 0 and one["waited"] == 0, (three, one)
     assert not three["left"] + one["left"] + apart["left"]

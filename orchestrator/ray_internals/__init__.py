@@ -52,8 +52,8 @@ hooks the driver chooses are off (launch.py, fork_server.usable()).
 - preemption_agreement.py [speed, at scale] (and check_answers.py, in the controller): the
   workers' agreement on a preemption notice with one call per node into the run's controller
   (rank 0's notice, read where the watcher marked it, with its proposal; each node's ranks read
-  it from a folder on the node) and none on a one-node run, instead of two barriers of one
-  call per rank (Ray's public calls);
+  it from a folder on the node), instead of two barriers of one call per rank (Ray's public
+  calls);
 - scaling.py [speed]: Ray Train's fixed-size scaling policy without autoscaler requests (an
   embedded cluster has no autoscaler);
 - torch_backend.py [speed]: Ray Train's torch backend, its worker-side functions called

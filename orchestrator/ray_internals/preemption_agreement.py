@@ -1,5 +1,5 @@
 """The workers' agreement on a preemption notice: one call per node into the run's controller,
-none at all on a one-node run.
+and on a one-node run only rank 0's, which it does not wait for.
 
 Every rank's check (worker_api.WorkerContext._agree, about once a second) needs rank 0's
 answers to two questions: is there a notice, and rank 0's schedule (the next check, a
@@ -14,9 +14,8 @@ Only rank 0 has anything to say, so here no rank waits for another, only for ran
 - each other node's poster (its local rank 0) asks the controller for it (one call, answered
   once rank 0's arrives: check_answers.py) and posts it on its node;
 - the node's other ranks read it there (orchestrator/worker/node_answers.py: a folder of the
-  user's own on the node's disk). A rank that shares no disk with its node's poster asks the
-  controller itself.
-On a one-node run (the local world is the whole world) rank 0 is the only poster: no call.
+  user's own on the node's disk). A rank that shares no disk with its node's poster, or whose
+  poster ended before its last check, asks the controller itself: it holds every answer.
 
 It needs the group's barrier in the controller (controller_barrier.py: its key and handle
 name the group); where that is missing, the workers take Ray's public calls.
@@ -33,7 +32,7 @@ import ray
 from ray.train.v2._internal.execution.context import TrainContext, get_train_context
 
 from orchestrator.ray_internals.barrier_handle import HostedBarrier
-from orchestrator.worker.node_answers import Poster, Reader
+from orchestrator.worker.node_answers import Poster, PosterGone, Reader
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +44,9 @@ READ_WAIT_S = 30 * 60
 class NodeAgreement:
     """One rank's side of the agreement (``agree``, as worker/start.py's Collective's)."""
 
-    def __init__(self, rank: int, local_rank: int, world: int, local_world: int, node: str,
-                 barrier: HostedBarrier, notice: Callable[[], Any], base=None):
+    def __init__(self, rank: int, local_rank: int, node: str, barrier: HostedBarrier,
+                 notice: Callable[[], Any], base=None):
         self.rank, self._notice, self.barrier = rank, notice, barrier
-        self.alone = world == local_world  # one node
         self.check = 0
         self.waited_s = 0.0  # rank 0: how long the other nodes waited at the last checks
         self._waits: ray.ObjectRef | None = None
@@ -62,16 +60,21 @@ class NodeAgreement:
         self.check += 1
         if self.rank == 0:
             answer = (self._notice(), proposal)
-            if not (self.alone and self.poster):
-                self._publish(answer)
+            self._publish(answer)  # held in the controller for any rank that asks
         elif self.poster is not None or self._asks_controller():
-            answer = ray.get(self.barrier.controller.agreement_answer.remote(
-                self.barrier.key, self.check))
+            answer = self._ask()
         else:
-            return self.reader.read(self.check, READ_WAIT_S)
+            try:
+                return self.reader.read(self.check, READ_WAIT_S)
+            except PosterGone:
+                return self._ask()
         if self.poster is not None:
             self.poster.post(self.check, answer)
         return answer
+
+    def _ask(self) -> tuple[Any, Any]:
+        return ray.get(self.barrier.controller.agreement_answer.remote(self.barrier.key,
+                                                                       self.check))
 
     def _asks_controller(self) -> bool:
         if self._direct is None:  # asked once, after the group's first barrier
@@ -101,10 +104,8 @@ def for_this_worker(rank: int) -> NodeAgreement | None:
     barrier = context.get_synchronization_actor()
     if not (isinstance(barrier, HostedBarrier) and installed()):
         return None
-    return NodeAgreement(
-        rank, context.get_local_rank(), context.get_world_size(),
-        context.get_local_world_size(), ray.util.get_node_ip_address(), barrier,
-        lambda: get_train_context().preemption_context.preemption_info)
+    return NodeAgreement(rank, context.get_local_rank(), ray.util.get_node_ip_address(), barrier,
+                         lambda: get_train_context().preemption_context.preemption_info)
 
 
 def installed() -> bool:

@@ -111,11 +111,11 @@ def train_loop_per_worker(config: dict) -> None:
     finally:
         if spare is not None:
             spare.cancel()
-        if collective is not None:
-            collective.close()
         if life is not None:
             life.close()
             shutil.rmtree(life.staging, ignore_errors=True)
+        if collective is not None:
+            collective.close()
         workdir.remove()
     if ctx.should_preempt():
         hold_until_taken(spec, life)

@@ -1,15 +1,16 @@
 """A node's folder where one rank posts each preemption check's answer for the node's other
 ranks (orchestrator/ray_internals/preemption_agreement.py): the run's controller is then asked
-once per node, not once per rank, and a one-node run asks it nothing.
+once per node, not once per rank.
 
 The folder is the user's own (private_dir.py: checked with lstat, this user's, no access for
 group or others) under their private base, named for the worker group and the node's address:
 only that group's ranks on that machine find it. The poster makes it as its worker starts,
 before the group's first barrier, so a rank that finds no folder after that barrier shares no
 disk with its node's poster (containers with one address and their own /tmp) and asks the
-controller itself. Each answer is a file written whole and renamed into place; the poster
-keeps the last KEEP. It holds a lock on an owner file while it lives (worker/workdir.py), so a
-killed group's folder is removed by the next poster that starts on the node.
+controller itself, as does a rank whose poster ended (removing the folder) before this rank's
+last check. Each answer is a file written whole and renamed into place; the poster keeps the
+last KEEP. It holds a lock on an owner file while it lives (worker/workdir.py), so a killed
+group's folder is removed by the next poster that starts on the node.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ FIRST_WAIT_S, LONGEST_WAIT_S = 0.0002, 0.005  # a reader's polls: the answer is 
 
 class NotPosted(TimeoutError):
     """The answer of a check was not posted in time."""
+
+
+class PosterGone(NotPosted):
+    """The poster's folder is gone: its rank ended before this one's last check."""
 
 
 def folder_of(group: str, node: str, base: Path | None = None) -> Path:
@@ -89,6 +94,8 @@ class Reader:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             except FileNotFoundError:
+                if not os.path.lexists(self.folder):
+                    raise PosterGone(f"{self.folder} was removed") from None
                 if time.monotonic() > deadline:
                     raise NotPosted(f"check {check}'s answer was not posted within {wait_s:.0f} "
                                     f"s in {self.folder}") from None

@@ -1,13 +1,13 @@
 """When the workers next agree on preemption notices: about every `every_s` seconds.
 
 Agreeing takes rank 0's answer to every rank (orchestrator/ray_internals/preemption_agreement.py:
-one call per node into the run's controller, none on one node; Ray's public calls, two barriers
-of one call per rank, where its hooks are off): every 10 steps of a 5 ms step a barrier cost
-10-15% of DDP's throughput. Every rank must check at the same steps, so rank 0 times the steps
-since the last check and proposes the next one; the proposal goes with its answer, so all ranks
-keep the same schedule. The checks' own time counts (what the other nodes waited for rank 0's
-answer, where rank 0 itself does not wait), and where a check takes long they are spaced out
-(check_period).
+one call per node into the run's controller, rank 0's not waited for; where its hooks are off,
+Ray's public calls, two barriers of one call per rank): every 10 steps of a 5 ms step a barrier
+cost 10-15% of DDP's throughput. Every rank must check at the same steps, so rank 0 times the
+steps since the last check and proposes the next one; the proposal goes with its answer, so all
+ranks keep the same schedule. The checks' own time counts (what the other nodes waited for rank
+0's answer, where rank 0 itself does not wait), and where a check takes long they are spaced
+out (check_period).
 """
 
 from __future__ import annotations
