@@ -19,9 +19,12 @@ BASE_VARIABLE = "ORCHESTRATOR_PRIVATE_DIR"
 
 class NotPrivateError(OSError):
     """A folder that is not this user's alone; the message is one line saying why and what to
-    do."""
+    do. ``not_ours``: someone else's, a link, or open to others: a worker's restart meets the
+    same folder, so it is not retried."""
 
-    retry = False  # in a worker: a restart meets the same folder
+    def __init__(self, message: str, not_ours: bool = False):
+        super().__init__(message)
+        self.retry = not not_ours
 
 
 def user_base() -> Path:
@@ -56,7 +59,7 @@ def check_private(path: Path, variable: str = BASE_VARIABLE) -> None:
     why = problem(info)
     if why:
         raise NotPrivateError(f"{path} is not this user's alone ({why}); set {variable} to a "
-                              "folder of your own")
+                              "folder of your own", not_ours=True)
 
 
 def problem(info: os.stat_result) -> str | None:

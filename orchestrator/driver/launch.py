@@ -323,11 +323,14 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
     # The dashboard's Train page: fit() reads Ray Train's switch in this process (a service
     # runs many commands in one: set either way).
     os.environ[STATE_TRACKING] = "1" if cfg.cluster.dashboard_train_page else "0"
+    barrier_in_controller = speed_hooks("barrier") and with_barrier_in_controller()
     ray_trainer = ray_trainer_for(run, ScalingConfig(**scaling_args), recorder, output_dir,
                                   storage_marker,
                                   spares=not session.outlives_run and speed_hooks("spares"),
                                   coordinated=coordinated,
-                                  py_executable=session.worker_py_executable)
+                                  py_executable=session.worker_py_executable,
+                                  # the preemption agreement names the group by its barrier
+                                  node_agreement=barrier_in_controller and speed_hooks("agreement"))
     # A sweep's trial, a service's command (a job that outlives the run) keeps the cleaner:
     # an early-stopped trial's workers must give their CPUs back to the next trials.
     # On the Ray and torch they were tested on, each unless switched off (ray_internals/versions.py).
@@ -335,7 +338,6 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
         without_unneeded_actors(ray_trainer, keep_cleaner=session.outlives_run)
     if cfg.cluster.dashboard_train_page and speed_hooks("page_versions"):
         with_plain_framework_versions(ray_trainer)
-    barrier_in_controller = speed_hooks("barrier") and with_barrier_in_controller()
     if not session.joined and not cfg.cluster.elastic:  # no autoscaler, nothing to grow into
         if speed_hooks("autoscaling"):
             without_autoscaling_requests(ray_trainer)
@@ -371,7 +373,8 @@ def train(run: CheckedRun, session: RaySession, recorder, output_dir: Path, stor
 
 def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_dir: Path,
                     storage_marker, spares: bool, coordinated: dict | None = None,
-                    py_executable: str | None = None) -> DataParallelTrainer:
+                    py_executable: str | None = None,
+                    node_agreement: bool = False) -> DataParallelTrainer:
     cfg, plan, training = run.cfg, run.plan, run.training
     given = {"trainer": training.config, "data": run.data}
     if coordinated is not None:
@@ -385,7 +388,7 @@ def ray_trainer_for(run: CheckedRun, scaling: ScalingConfig, recorder, output_di
                       # A sweep's trials keep no process for a restart (orchestrator/worker/spare.py).
                       spare_after_s=cfg.failure.spare_after_s if spares else None,
                       code_dir=served_folder() or command_folder(), data_files=plan.data_files,
-                      node_agreement=speed_hooks("agreement"))
+                      node_agreement=node_agreement)
     run_config = RunConfig(
         name=plan.run_name,  # the run's name on the dashboard's Train page
         # A folder of its own for each fit(): Ray Train restores what it finds under a name

@@ -5,16 +5,17 @@ only for rank 0's answer.
 
 Each worker group (a key of controller_barrier._Host) has its own; the group's shutdown fails
 the calls still waiting, as Ray's barrier fails its waiters (SynchronizationBarrierResetError).
-No framework and nothing of Ray here: tests/test_check_answers.py runs it on a bare event loop.
+No framework and nothing of Ray here: tests/test_node_agreement.py runs it on a bare event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
-KEEP = 64  # checks remembered: a poster further behind rank 0 than this is told so
+# Checks remembered: a rank further behind rank 0 than this (ranks that step in lockstep are
+# at most one check apart; ~17 minutes of checks a second) is told so, not answered wrongly.
+KEEP = 1024
 
 
 class Answers:
@@ -22,55 +23,61 @@ class Answers:
         self.timeout_s = timeout_s  # the group's collective timeout (Ray's barrier's)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._answers: dict[int, asyncio.Future] = {}
-        self._published: dict[int, float] = {}
-        self._spread: dict[int, float] = {}  # from rank 0's answer to the last poster's
+        self._newest = 0  # rank 0's newest check
+        # The longest waits the posters reported: since rank 0's last answer, and before it
+        self._waited = [0.0, 0.0]
         self._closed: BaseException | None = None
 
     def _future(self, check: int) -> asyncio.Future:
         if self._closed is not None:
-            raise self._closed
-        if self._published and check <= max(self._published) - KEEP:
-            raise LookupError(f"check {check} is more than {KEEP} checks behind rank 0's")
+            raise type(self._closed)(*self._closed.args)  # one of its own for each caller
+        if check <= self._newest - KEEP:
+            raise LookupError(f"preemption check {check} is more than {KEEP} checks behind "
+                              f"rank 0's ({self._newest}): this rank fell behind the others")
         self._loop = self._loop or asyncio.get_running_loop()
         return self._answers.setdefault(check, self._loop.create_future())
 
     def publish(self, check: int, answer: Any) -> float:
-        """Rank 0's answer of ``check``; returns how long the last poster of the check before
-        waited for rank 0's (the check's cost to the other nodes, which rank 0 cannot see)."""
+        """Rank 0's answer of ``check``; returns the longest time a poster said it waited at
+        its last check, over rank 0's last two answers (what a check costs the other nodes,
+        which rank 0, not waiting, cannot see)."""
         future = self._future(check)
         if not future.done():
             future.set_result(answer)
-        self._published[check] = time.monotonic()
+        self._newest = max(self._newest, check)
         for old in [c for c in self._answers if c <= check - KEEP]:
-            for kept in (self._answers, self._published, self._spread):
-                kept.pop(old, None)
-        return self._spread.get(check - 1, 0.0)
+            del self._answers[old]
+        waited, self._waited = max(self._waited), [0.0, self._waited[0]]
+        return waited
 
-    async def answer(self, check: int) -> Any:
+    async def answer(self, check: int, waited_s: float = 0.0) -> Any:
+        """Rank 0's answer of ``check``, once it is there. ``waited_s``: how long the caller
+        waited for its answer at its last check."""
+        self._waited[0] = max(self._waited[0], waited_s)
         future = self._future(check)
         try:
-            answer = await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except TimeoutError:
             raise TimeoutError(f"rank 0 did not reach preemption check {check} within "
                                f"{self.timeout_s:.0f} s") from None
         except asyncio.CancelledError:
             if self._closed is not None and future.cancelled():
-                raise self._closed from None
+                raise type(self._closed)(*self._closed.args) from None
             raise
-        waited = time.monotonic() - self._published.get(check, time.monotonic())
-        self._spread[check] = max(self._spread.get(check, 0.0), waited)
-        return answer
 
     def close(self, error: BaseException) -> None:
-        """The group is shut down: calls waiting, and later ones, raise ``error``. From any
-        thread."""
+        """The group is shut down: calls waiting, and later ones, raise ``error``'s kind. From
+        any thread."""
 
         def fail() -> None:
             self._closed = error
             for future in self._answers.values():
                 future.cancel()  # an answer's awaiter raises ``error``; no one else sees it
 
-        if self._loop is None or self._loop.is_closed():
+        if self._loop is None:
             self._closed = error
-        else:
+            return
+        try:
             self._loop.call_soon_threadsafe(fail)
+        except RuntimeError:  # its loop is closed: no call waits any more
+            self._closed = error

@@ -123,8 +123,8 @@ class TrainController(controller_module.TrainController):
     async def agreement_publish(self, key: int, check: int, answer: Any) -> float:
         return _this_host().answers_of(key).publish(check, answer)
 
-    async def agreement_answer(self, key: int, check: int) -> Any:
-        return await _this_host().answers_of(key).answer(check)
+    async def agreement_answer(self, key: int, check: int, waited_s: float = 0.0) -> Any:
+        return await _this_host().answers_of(key).answer(check, waited_s)
 
 
 class _SynchronizationActorHere:

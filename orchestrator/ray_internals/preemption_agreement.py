@@ -25,6 +25,7 @@ tests/test_ray_internals.py checks what this takes from Ray against the installe
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,13 +33,14 @@ import ray
 from ray.train.v2._internal.execution.context import TrainContext, get_train_context
 
 from orchestrator.ray_internals.barrier_handle import HostedBarrier
-from orchestrator.worker.node_answers import Poster, PosterGone, Reader
+from orchestrator.worker.node_answers import NotPosted, Poster, Reader
 
 log = logging.getLogger(__name__)
 
-# How long a rank waits for its node's poster: as long as Ray's collectives wait by default
-# (a dead poster's group is torn down by Ray Train well before).
-READ_WAIT_S = 30 * 60
+# How long a rank waits for its node's poster before it asks the controller itself (which
+# waits as long as the group's collectives do): rank 0 is that late (a save or an evaluation
+# of its own), or this rank fell behind the answers the node keeps.
+READ_WAIT_S = 10.0
 
 
 class NodeAgreement:
@@ -48,11 +50,13 @@ class NodeAgreement:
                  notice: Callable[[], Any], base=None):
         self.rank, self._notice, self.barrier = rank, notice, barrier
         self.check = 0
-        self.waited_s = 0.0  # rank 0: how long the other nodes waited at the last checks
+        self.waited_s = 0.0  # rank 0: how long the other nodes waited at its recent checks
         self._waits: ray.ObjectRef | None = None
+        self._my_wait = 0.0  # a poster's wait for the controller's answer at its last check
         group = f"{barrier.controller._actor_id.hex()}-{barrier.key}"
-        self.poster = Poster(group, node, base) if local_rank == 0 else None
-        self.reader = None if self.poster else Reader(group, node, base)
+        self.leads = local_rank == 0  # the node's first rank: asks (or is rank 0), and posts
+        self.poster = Poster(group, node, base) if self.leads else None
+        self.reader = None if self.leads else Reader(group, node, base)
         self._direct: bool | None = None  # a reader that shares no disk with its poster
 
     def agree(self, proposal: Any) -> tuple[Any, Any]:
@@ -61,28 +65,40 @@ class NodeAgreement:
         if self.rank == 0:
             answer = (self._notice(), proposal)
             self._publish(answer)  # held in the controller for any rank that asks
-        elif self.poster is not None or self._asks_controller():
+        elif self.leads or self._asks_controller():
             answer = self._ask()
         else:
             try:
                 return self.reader.read(self.check, READ_WAIT_S)
-            except PosterGone:
+            except NotPosted:  # its poster ended first, or is late, or this rank fell behind
                 return self._ask()
         if self.poster is not None:
-            self.poster.post(self.check, answer)
+            self._post(answer)
         return answer
 
     def _ask(self) -> tuple[Any, Any]:
-        return ray.get(self.barrier.controller.agreement_answer.remote(self.barrier.key,
-                                                                       self.check))
+        asked = time.monotonic()
+        answer = ray.get(self.barrier.controller.agreement_answer.remote(
+            self.barrier.key, self.check, self._my_wait))
+        self._my_wait = time.monotonic() - asked
+        return answer
+
+    def _post(self, answer: tuple) -> None:
+        try:
+            self.poster.post(self.check, answer)
+        except OSError as exc:  # the node's disk: its ranks find no folder, and ask instead
+            log.warning("preemption checks: cannot post on this node (%s): its ranks ask the "
+                        "run's controller", exc)
+            self.poster.close()
+            self.poster = None
 
     def _asks_controller(self) -> bool:
         if self._direct is None:  # asked once, after the group's first barrier
             self._direct = not self.reader.shares_disk()
             if self._direct:
-                log.warning("rank %d shares no disk with its node's first rank (no %s): it "
-                            "asks the run's controller at each preemption check itself",
-                            self.rank, self.reader.folder)
+                log.warning("rank %d finds no folder of its node's first rank at %s (no disk "
+                            "shared with it, or it ended): it asks the run's controller at "
+                            "each preemption check itself", self.rank, self.reader.folder)
         return self._direct
 
     def _publish(self, answer: tuple) -> None:

@@ -94,6 +94,10 @@ def train_loop_per_worker(config: dict) -> None:
                             start, collective, workdir.path, train.get_node_rank(),
                             train.get_local_world_size())
         life = WorkerLifecycle(ctx)
+        if spec.node_agreement and collective.node is None and rank == 0:  # a Ray that moved it
+            ctx.warn("preemption checks take Ray's public calls (two barriers of one call per "
+                     "rank), not one call per node: this Ray's worker context lacks what that "
+                     "reads (ray_internals/preemption_agreement.py)")
         result = fn(ctx, copy.deepcopy(spec.config))
         metrics = final_metrics(result, ctx.warn if ctx.rank == 0 else lambda _: None)
         life.close()  # every upload done: the final checkpoint is committed, or it is said why

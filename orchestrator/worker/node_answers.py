@@ -23,11 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.private_dir import check_private, private_dir, user_base
+from orchestrator.private_dir import NotPrivateError, private_dir, problem, user_base
 from orchestrator.worker.workdir import lock_as_owner, remove_abandoned
 
 PREFIX = "answers-"
-KEEP = 64  # answers kept: a rank more checks behind than this is told so, not answered wrongly
+# Answers kept: a reader more checks behind than this finds none, and asks the controller
+# (preemption_agreement.py), which keeps as many and says so.
+KEEP = 1024
 FIRST_WAIT_S, LONGEST_WAIT_S = 0.0002, 0.005  # a reader's polls: the answer is usually there
 
 
@@ -78,9 +80,13 @@ class Reader:
     def shares_disk(self) -> bool:
         """Whether the poster's folder is here (asked after the group's first barrier), and
         this user's alone (else NotPrivateError)."""
-        if not os.path.lexists(self.folder):
+        try:
+            info = os.lstat(self.folder)
+        except FileNotFoundError:
             return False
-        check_private(self.folder)
+        why = problem(info)
+        if why:
+            raise NotPrivateError(f"{self.folder} is not this user's alone ({why})", not_ours=True)
         self._checked = True
         return True
 
