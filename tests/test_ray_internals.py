@@ -1665,9 +1665,9 @@ class Controller:  # the run's controller's own methods, each call counted
         self.calls[f"{key}:{check}"] = self.calls.get(f"{key}:{check}", 0) + 1
         return await TrainController.agreement_publish(self, key, check, answer)
 
-    async def agreement_answer(self, key, check):
+    async def agreement_answer(self, key, check, waited_s=0.0):
         self.calls[f"{key}:{check}"] = self.calls.get(f"{key}:{check}", 0) + 1
-        return await TrainController.agreement_answer(self, key, check)
+        return await TrainController.agreement_answer(self, key, check, waited_s)
 
     def counted(self):
         return self.calls

@@ -6,7 +6,7 @@ answers to two questions: is there a notice, and rank 0's schedule (the next che
 time-based save, its last save). Through Ray's public calls that is two barriers
 (``ray.train.get_preemption_info()``, then rank 0's broadcast), each one call per rank into the
 run's controller, 2-3 ms of its CPU each on a small machine: at 1,024 simulated ranks a check
-took 3.5 s, and with 8 ranks a node 0.14 s here (scripts/bench.py scale; docs/benchmarks.md).
+took 4 s, and with 8 ranks a node 0.17 s here (scripts/bench.py scale; docs/benchmarks.md).
 Only rank 0 has anything to say, so here no rank waits for another, only for rank 0's answer:
 - rank 0 reads its own notice, as the watcher marked it, and hands it with its proposal to the
   controller (controller_barrier.TrainController.agreement_publish) without waiting, and posts

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 GROWTH = 4  # the interval at most quadruples per check: a slow first step does not linger
 # A check's share of the time at most: where a check itself takes long (Ray's barriers, one call
-# per rank into the run's controller: ~3.5 s at 1,024 ranks on a small machine; one call per
-# node: 0.14 s at 128 nodes; scripts/bench.py scale), checks are spaced out so that training
+# per rank into the run's controller: ~4 s at 1,024 ranks on a small machine; one call per
+# node: 0.17 s at 128 nodes; scripts/bench.py scale), checks are spaced out so that training
 # keeps the rest, not checked at every step.
 OWN_SHARE = 0.2
 
