@@ -24,7 +24,8 @@ class NotPrivateError(OSError):
 
     def __init__(self, message: str, not_ours: bool = False):
         super().__init__(message)
-        self.retry = not not_ours
+        if not_ours:  # else as its kind says (a subclass may never retry)
+            self.retry = False
 
 
 def user_base() -> Path:

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from orchestrator.private_dir import NotPrivateError
+from orchestrator.private_dir import NotPrivateError, private_dir
 from orchestrator.ray_internals.check_answers import KEEP, Answers
 from orchestrator.worker import node_answers
 from orchestrator.worker.node_answers import NotPosted, Poster, PosterGone, Reader
@@ -100,8 +100,12 @@ def test_a_folder_open_to_others_or_a_link_is_never_read_and_a_killed_groups_is_
     open_folder = node_answers.folder_of("open", "n", base)
     open_folder.mkdir(mode=0o755)
     open_folder.chmod(0o755)
-    with pytest.raises(NotPrivateError, match="open to group or others"):
+    with pytest.raises(NotPrivateError, match="open to group or others") as refused:
         Reader("open", "n", base).read(1, 1)
+    assert refused.value.retry is False  # a restart meets the same folder: the run stops
+    with pytest.raises(NotPrivateError, match="cannot make") as unmade:  # a full disk may pass
+        private_dir(tmp_path / "no-parent" / "f")
+    assert getattr(unmade.value, "retry", True) is True
     elsewhere = tmp_path / "planted"
     elsewhere.mkdir(mode=0o700)
     node_answers.folder_of("linked", "n", base).symlink_to(elsewhere)

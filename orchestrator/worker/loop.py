@@ -37,7 +37,7 @@ PREEMPTION_GRACE_S = 5.0  # held past a notice's deadline before concluding the 
 class RayCollective:
     def __init__(self, rank: int, node_agreement: bool = False):
         self.rank = rank
-        # ray_internals/preemption_agreement.py: one call per node, none on one node
+        # ray_internals/preemption_agreement.py: one call per node (rank 0's alone on one node)
         self.node = preemption_agreement.for_this_worker(rank) if node_agreement else None
 
     @property
