@@ -10,7 +10,7 @@ disk with its node's poster (containers with one address and their own /tmp) and
 controller itself, as does a rank whose poster ended (removing the folder) before this rank's
 last check. Each answer is a file written whole and renamed into place; the poster keeps the
 last KEEP. It holds a lock on an owner file while it lives (worker/workdir.py), so a killed
-group's folder is removed by the next poster that starts on the node.
+group's folder is removed by the next poster that starts or ends on the node.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class Poster:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        remove_abandoned(self.folder.parent, PREFIX)  # a killed group's, as workdir.py does
 
 
 class Reader:
