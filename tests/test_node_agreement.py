@@ -116,5 +116,10 @@ def test_a_folder_open_to_others_or_a_link_is_never_read_and_a_killed_groups_is_
     killed = Poster("killed", "n", base)
     os.close(killed._fd)  # its process died: the kernel dropped its lock
     killed._fd = None
-    Poster("next", "n", base)
-    assert not killed.folder.exists() and node_answers.folder_of("next", "n", base).exists()
+    following = Poster("next", "n", base)
+    assert not killed.folder.exists() and following.folder.exists()
+    killed_later = Poster("killed-later", "n", base)
+    os.close(killed_later._fd)
+    killed_later._fd = None
+    following.close()  # a poster that ends removes it too
+    assert not killed_later.folder.exists() and not following.folder.exists()
