@@ -45,8 +45,7 @@ class Answers:
         if not future.done():
             future.set_result(answer)
         self._newest = max(self._newest, check)
-        for old in [c for c in self._answers if c <= check - KEEP]:
-            del self._answers[old]
+        self._answers.pop(check - KEEP, None)  # checks go up one at a time: one falls out
         waited, self._waited = max(self._waited), [0.0, self._waited[0]]
         return waited
 

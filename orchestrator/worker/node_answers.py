@@ -55,6 +55,8 @@ class Poster:
         self._fd = lock_as_owner(self.folder)
 
     def post(self, check: int, answer: Any) -> None:
+        # Whole, by a rename, but not fsynced (local_disk.write_atomically): an answer is read
+        # within the second, and a power loss takes its readers with it.
         making = self.folder / f".{check}.new"
         with open(making, "wb") as out:
             out.write(pickle.dumps(answer))

@@ -241,9 +241,11 @@ def agreement_rounds(sizes, rounds: int = 3, timeout_s: float = 60.0) -> list[di
             ray.get(workers.marks.remote())
             took["marks"].append(time.perf_counter() - began)
             took["on_a_node"].append(on_a_node(min(world, PER_NODE)))
-            for kind, agree in (("per_node", per_node_once), ("two_rounds", two_rounds_once)):
+            for kind, agree in (
+                    ("per_node", lambda w=world: per_node_once(controller, nodes_of(w), timeout_s)),
+                    ("two_rounds", lambda w=world: two_rounds_once(controller, w, timeout_s))):
                 cpu_before = controller_cpu_s()
-                seconds, error = agree(controller, world, timeout_s)
+                seconds, error = agree()
                 took[kind].append(seconds)
                 cpu[kind].append(controller_cpu_s() - cpu_before)
                 if seconds is None:
@@ -311,14 +313,14 @@ def failed(exc: Exception) -> tuple[None, str]:
     return None, next((line for line in lines if "have not joined" in line), lines[-1])[:300]
 
 
-def per_node_once(controller, world: int, timeout_s: float):
-    """(seconds until rank 0's answer reached every node's poster, None) or (None, why)."""
+def per_node_once(controller, nodes: int, timeout_s: float):
+    """(seconds until rank 0's answer reached every other node's poster, None) or (None, why)."""
     import ray
 
     key = ray.get(controller.new_barrier.remote())
     began = time.perf_counter()
     try:
-        answers = [controller.agreement_answer.remote(key, 1) for _ in range(nodes_of(world) - 1)]
+        answers = [controller.agreement_answer.remote(key, 1) for _ in range(nodes - 1)]
         ray.get(controller.agreement_publish.remote(key, 1, ("notice", (1, False, 0))))
         ray.get(answers, timeout=timeout_s + 30)
     except (ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError) as exc:
@@ -409,12 +411,6 @@ def per_call_cpu(world: int, rounds: int = 3) -> dict:
             world_rank=rank, world_size=world, data=None, caller_method_name="x")
             for rank in range(world)])
 
-    def answers():
-        key = ray.get(controller.new_barrier.remote())
-        waiting = [controller.agreement_answer.remote(key, 1) for _ in range(world - 1)]
-        ray.get(controller.agreement_publish.remote(key, 1, ("notice", (1, False, 0))))
-        ray.get(waiting)
-
     def ms_per_call(call, cpu) -> float:
         spent = []
         for _ in range(rounds):
@@ -428,7 +424,8 @@ def per_call_cpu(world: int, rounds: int = 3) -> dict:
             "rays_barrier_ms": ms_per_call(rays_barrier, lambda: cpu_s(rays_pid)),
             "controllers_barrier_ms": ms_per_call(lambda: two_rounds_once(
                 controller, world, 60.0, TWO_ROUNDS[:1]), controller_cpu_s),
-            "answer_call_ms": ms_per_call(answers, controller_cpu_s)}
+            "answer_call_ms": ms_per_call(lambda: per_node_once(controller, world, 60.0),
+                                          controller_cpu_s)}
 
 
 def fitted_exponent(points: list[tuple[int, float]]) -> float | None:
