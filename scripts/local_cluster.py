@@ -92,6 +92,10 @@ HEALTH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_thresh
 # (log_to_driver, which a command asks for only with log.ray_verbose=true, on the Ray it starts
 # itself), and otherwise only tails files: ~0.8 CPU-s every 30 s a node, ~4% of a suite run.
 NO_LOG_MONITOR = ["--include-log-monitor=false"]
+# No idle workers started for a cluster's first job (Ray starts one a CPU on every node, each
+# importing Ray: ~1.5 CPU-s): the orchestrator's actors start in processes of their own runtime
+# environment, never in those. Nodes take the head's system config.
+NO_FIRST_JOB_PRESTART = ['--system-config={"prestart_worker_first_driver": false}']
 
 
 def start_head(tmp: Path, num_cpus: int = 2, attempts: int = 3) -> RayHead:
@@ -105,7 +109,7 @@ def start_head(tmp: Path, num_cpus: int = 2, attempts: int = 3) -> RayHead:
             [RAY, "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
              "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
              f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={free_port()}",
-             "--disable-usage-stats", *NO_LOG_MONITOR],
+             "--disable-usage-stats", *NO_LOG_MONITOR, *NO_FIRST_JOB_PRESTART],
             stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env={**node_env(), **HEALTH},
             start_new_session=True,
         )

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.ray_internals.knobs import connect_retry_env
-from scripts.local_cluster import NO_LOG_MONITOR  # the same nodes' settings
+from scripts.local_cluster import NO_FIRST_JOB_PRESTART, NO_LOG_MONITOR  # the same settings
 
 PREFIX = "orh"
 ROOT_BASE = Path("/var/tmp/orchestrator-test-hosts")
@@ -276,7 +276,7 @@ class LocalHosts:
                   "--object-store-memory=100000000", "--disable-usage-stats", *NO_LOG_MONITOR]
         if h.index == 1:
             args = ["--head", f"--port={RAY_PORT}", f"--dashboard-host={h.ip}",
-                    f"--dashboard-port={DASHBOARD_PORT}"]
+                    f"--dashboard-port={DASHBOARD_PORT}", *NO_FIRST_JOB_PRESTART]
             env = self._health
         else:
             args, env = [f"--address={self.address}"], {}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config.schema import FailureConfig
 from scripts.local_cluster import (  # noqa: F401  (re-exported for the test modules)
     RayHead,
     add_node,
@@ -45,7 +46,17 @@ class CliResult:
         return self.stdout + self.stderr
 
 
+# A worker keeps a process ready for its replacement (failure.spare_after_s, 10 s into its
+# group): ~2-3 CPU-s each, paid by every run that lasts that long. Most tests' runs never
+# restart, so their commands keep none; the tests of a restart keep the default (KEEP_SPARES),
+# and test_faults checks the spares themselves (used by the restart, gone with the job).
+NO_SPARES = "failure.spare_after_s=null"
+KEEP_SPARES = f"failure.spare_after_s={FailureConfig.spare_after_s}"  # whatever the default is
+
+
 def cli_command(run_dir: Path, *overrides: str, flags: tuple[str, ...] = ()) -> list[str]:
+    if not any("failure.spare_after_s=" in o for o in overrides):
+        overrides = (*overrides, NO_SPARES)
     # Hydra's argparse wants its flags before the overrides.
     return [sys.executable, "-m", "orchestrator", *flags, f"hydra.run.dir={run_dir}", *overrides]
 

@@ -11,7 +11,7 @@ import torch
 
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage.location import StorageSpec
-from tests.conftest import finish_run, run_cli, start_run, user_project
+from tests.conftest import KEEP_SPARES, finish_run, run_cli, start_run, user_project
 from tests.helpers import stored_path
 
 
@@ -32,7 +32,8 @@ def test_a_users_loop_survives_a_rank_killed_mid_checkpoint_and_ends_bit_identic
                          "trainer.fn=mypkg.train:main", "run.name=straight", cwd=project)
     crashing = ["trainer.fn=mypkg.faults:crash_while_saving", "+trainer.crash_at=200",
                 f"+trainer.marker={tmp_path / 'crashed-once'}", "+trainer.committed_first="
-                f"{storage / 'crashed' / 'step_000000100' / 'manifest.json'}", "run.name=crashed"]
+                f"{storage / 'crashed' / 'step_000000100' / 'manifest.json'}", "run.name=crashed",
+                KEEP_SPARES]  # its restart into them
     crashed = run_cli(tmp_path / "crashed", *common, "+trainer.steps=300", *crashing, cwd=project)
     assert crashed.returncode == 0, crashed.output[-4000:]
     rec = crashed.record

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import (
+    KEEP_SPARES,
     REPO,
     finish_run,
     read_record,
@@ -90,7 +91,7 @@ def test_killed_and_interrupted_run_ends_bit_identical_and_a_resize_sees_the_sam
     gate.write_text("hold")
     killed = [*cluster, *job(logs["killed"], storage), "run.name=killed",
               "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
-              "+trainer.hold_at=250"]
+              "+trainer.hold_at=250", KEEP_SPARES]  # its restart into them
     # The gate is a test function of this repository's (tests/user_trainers.py), next to the
     # user's own package: the repository on the import path too.
     repo = {"PYTHONPATH": str(REPO)}

@@ -12,7 +12,15 @@ import signal
 import pytest
 import torch
 
-from tests.conftest import REPO, finish_run, run_cli, start_run, user_project, wait_for
+from tests.conftest import (
+    KEEP_SPARES,
+    REPO,
+    finish_run,
+    run_cli,
+    start_run,
+    user_project,
+    wait_for,
+)
 from tests.helpers import digits_parquet, model_at, rows_per_step
 
 pytestmark = pytest.mark.slow
@@ -46,7 +54,8 @@ def test_streamed_rows_are_the_same_at_any_size_and_a_killed_rank_resumes_bit_fo
     runs["killed"] = start_run(tmp_path / "killed", *head, "run.name=killed",
                                *job(data, tmp_path / "ids-killed", storage, 2, 0.5),
                                "trainer.fn=tests.user_trainers:gated_ddp", f"+trainer.gate={gate}",
-                               "+trainer.hold_at=50", cwd=project, env={"PYTHONPATH": str(REPO)})
+                               "+trainer.hold_at=50", KEEP_SPARES,  # its restart into them
+                               cwd=project, env={"PYTHONPATH": str(REPO)})
     rec = wait_for(lambda r: 30 in [c["step"] for c in r.get("checkpoints", [])]
                    and len(r.get("workers", [])) == 2, tmp_path / "killed")
     os.kill(rec["workers"][1]["pid"], signal.SIGKILL)
