@@ -683,6 +683,7 @@ from orchestrator.config.schema import ClusterConfig
 from orchestrator.driver.ray_session import RaySession
 
 connected, killed, connect = threading.Event(), threading.Event(), worker.connect
+listen = worker.listen_error_messages
 
 def held_after_connecting(*args, **kwargs):  # ray.init's steps after it: once Ray is killed
     connect(*args, **kwargs)
@@ -690,7 +691,11 @@ def held_after_connecting(*args, **kwargs):  # ray.init's steps after it: once R
     if sys.argv[1] == "connecting":
         killed.wait()
 
-worker.connect = held_after_connecting
+def listening_once_killed(*args):  # Ray's error listener's first call, on the killed GCS
+    killed.wait()
+    listen(*args)
+
+worker.connect, worker.listen_error_messages = held_after_connecting, listening_once_killed
 session = RaySession(ClusterConfig(), {}, False)
 session.start_in_background()
 assert connected.wait(120)
@@ -698,6 +703,7 @@ if sys.argv[1] == "started":
     assert session._started.wait(120) and session._start_error is None
 session.abandon()  # what bad input does to the session started beside the checks
 killed.set()
+worker.global_worker.listener_thread.join(60)  # its traceback, once, came before the exit
 exit_now(2)
 """
 
@@ -708,7 +714,8 @@ def test_a_command_that_abandons_its_embedded_ray_exits_at_once_with_its_own_cod
     was bad), so Ray's own shutdown at exit, which would wait on the dead GCS, is left out
     (the driver is still connected when the last exit handler runs): killed while ray.init
     was connecting, that wait could last 60 s, then Ray's GCS client ended the command with
-    exit code 1 and its own lines in place of the one error line."""
+    exit code 1 and its own lines in place of the one error line. Ray's error listener, whose
+    first call met the killed GCS, ends without its traceback after that line."""
     import subprocess
     import sys
 

@@ -12,7 +12,7 @@ hooks the driver chooses are off (launch.py, fork_server.usable()).
   on Ray 2.58-2.60), its node's table of the processes it started (a GCS or raylet that exited
   under a service; [speed]: the autoscaler monitor stopped before ray.shutdown()), the file
   `ray start` records its address in, and Ray's own shutdown at the interpreter's exit (left
-  out once a command killed the cluster it started);
+  out once a command killed the cluster it started, its driver threads' deaths quiet);
 - entrypoint.py [correctness]: the command line the dashboard shows, with its secrets redacted;
 - knobs.py: the names of Ray's environment variables the orchestrator sets ([correctness]: the
   controller's hang and preemption timeouts; [speed]: its polling), the deadline Ray Train

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import threading
 from pathlib import Path
 
 log = logging.getLogger("orchestrator")
@@ -112,18 +113,31 @@ def stop_autoscaler_monitor() -> None:
 
 
 _shutdown_left_out = False
+# The threads ray.init's connect starts in a driver (ray/_private/worker.py).
+RAY_DRIVER_THREADS = ("ray_listen_error_messages", "ray_print_logs")
+_excepthook_before = threading.excepthook
+
+
+def _ray_threads_quiet(args) -> None:
+    if _shutdown_left_out and args.thread is not None and args.thread.name in RAY_DRIVER_THREADS:
+        return
+    _excepthook_before(args)
 
 
 def no_ray_shutdown_at_exit() -> None:
     """Leave out Ray's own ray.shutdown() at the interpreter's exit (registered when Ray is
     imported). After a command killed the cluster it started, that shutdown waits on the dead
     GCS: ~6 s, and where the kill came while ray.init was connecting, 60 s before Ray's GCS
-    client ends the process with exit code 1 and its own error lines."""
-    global _shutdown_left_out
+    client ends the process with exit code 1 and its own error lines. Ray's driver threads
+    that lose that GCS end quietly: the error listener's first call, killed under it, raised
+    a traceback after the command's one error line (a clean clone's run, on a fast hour)."""
+    global _shutdown_left_out, _excepthook_before
     from ray._private import worker
 
     atexit.unregister(worker.shutdown)
     _shutdown_left_out = True
+    if threading.excepthook is not _ray_threads_quiet:
+        _excepthook_before, threading.excepthook = threading.excepthook, _ray_threads_quiet
 
 
 def ray_shutdown_at_exit() -> None:
