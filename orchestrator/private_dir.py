@@ -10,6 +10,8 @@ real directory, owned by this user, with no access for group or others. The base
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -30,10 +32,12 @@ class NotPrivateError(OSError):
 
 def user_base() -> Path:
     """This user's private base folder, made (0700) and checked."""
+    return private_dir(base_path(), variable=BASE_VARIABLE)
+
+
+def base_path() -> Path:
     given = os.environ.get(BASE_VARIABLE)
-    return private_dir(Path(given) if given else
-                       Path(tempfile.gettempdir()) / f"orchestrator-{os.getuid()}",
-                       variable=BASE_VARIABLE)
+    return Path(given) if given else Path(tempfile.gettempdir()) / f"orchestrator-{os.getuid()}"
 
 
 def private_dir(path: Path, variable: str = BASE_VARIABLE) -> Path:
@@ -81,3 +85,44 @@ def unique_dir(parent: Path, prefix: str) -> Path:
     there before: two runs never share one."""
     check_private(parent)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+PROCESS_DIRS = "processes"  # in the base: folders of one process each (process_dir)
+
+
+def process_dir(kind: str) -> Path:
+    """A new private folder of this process's, ``processes/<kind>-<pid>-<random>`` in the
+    user's base: the process removes it at its end; one that a SIGKILL left is removed by the
+    next call here, or remove_dead_dirs, once its process is gone."""
+    remove_dead_dirs()
+    return unique_dir(private_dir(user_base() / PROCESS_DIRS), f"{kind}-{os.getpid()}-")
+
+
+def remove_dead_dirs() -> None:
+    """Remove the process folders (process_dir) whose process is gone; makes nothing."""
+    base = base_path()
+    try:
+        if problem(os.lstat(base)) or problem(os.lstat(base / PROCESS_DIRS)):
+            return
+        entries = list(os.scandir(base / PROCESS_DIRS))
+    except OSError:
+        return
+    for entry in entries:
+        found = re.fullmatch(r"\w+?-(\d+)-\w+", entry.name)
+        if found and not alive(int(found[1])) and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs (a zombie, killed and not yet waited for, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # field 3 of /proc/<pid>/stat, after "pid (comm)": its state
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return text[text.rindex(")") + 2:].split()[0] != "Z"

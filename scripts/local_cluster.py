@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.driver.processes import descendants, socket_folders
 from orchestrator.ray_internals.knobs import connect_retry_env
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -182,6 +184,8 @@ GRACE_S = 3
 def stop_nodes(procs: list[subprocess.Popen]) -> None:
     """Stop `ray start` nodes all at once (each takes seconds to drain and shut down)."""
     running = [p for p in procs if p.poll() is None]
+    # Their dashboards' forkserver sockets' folders, which a stopped dashboard leaves.
+    sockets = socket_folders([d for p in running for d in [(p.pid, 0), *descendants(p.pid)]])
     for proc in running:
         proc.send_signal(signal.SIGTERM)
     # A node that ran jobs waits ~30 s for its idle workers before it exits; a test cluster
@@ -199,3 +203,5 @@ def stop_nodes(procs: list[subprocess.Popen]) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
+    for folder in sockets:
+        shutil.rmtree(folder, ignore_errors=True)

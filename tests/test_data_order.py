@@ -196,3 +196,101 @@ def test_micro_batches_have_two_rows_or_more_and_the_same_count_on_every_rank(ba
         assert all(len(p.rows) >= 2 for p in parts), [len(p.rows) for p in parts]
         assert np.array_equal(np.concatenate([p.rows for p in trained]), plan.batches.rows(3))
     assert len(counts) == 1
+
+
+class _WhereItsTempFilesGo:
+    """Items that say which process fetched them and where its temporary files go."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int):
+        import os
+        import tempfile
+
+        import torch
+
+        return torch.zeros(4), tempfile.gettempdir(), os.getpid()
+
+
+LOADER_THEN_WAIT = """
+import json, time
+from torch.utils.data import DataLoader
+from tests.test_data_order import _WhereItsTempFilesGo
+from trainers.pytorch.data import temporary_files_of_its_own
+it = iter(DataLoader(_WhereItsTempFilesGo(), batch_size=2, num_workers=2,
+                     worker_init_fn=temporary_files_of_its_own))
+_, folders, pids = next(it)
+_, more, more_pids = next(it)
+print(json.dumps([sorted(set(folders + more)), sorted(set(pids.tolist() + more_pids.tolist()))]),
+      flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_loader_processs_temporary_files_are_private_and_go_with_it_killed_or_not(
+        monkeypatch):
+    """Issue 60, 1: each DataLoader process keeps its temporary files (multiprocessing's
+    pymp-* folder with the socket it passes tensors through) in a private folder of its own,
+    which it removes as it ends; killed with its rank, it leaves that folder, not a pymp-*
+    folder in the shared temporary folder, and the folder goes once the process is gone (the
+    next loader process or command on the node removes it)."""
+    import json
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader
+
+    from orchestrator.private_dir import (
+        BASE_VARIABLE,
+        PROCESS_DIRS,
+        alive,
+        problem,
+        remove_dead_dirs,
+    )
+    from trainers.pytorch.data import LOADER_DIR, temporary_files_of_its_own
+
+    base = Path(tempfile.mkdtemp(prefix="o-", dir="/tmp"))  # short: its sockets fit below
+    monkeypatch.setenv(BASE_VARIABLE, str(base / "private"))
+    processes = base / "private" / PROCESS_DIRS
+
+    def check(folders: list[str], pids: list[int]) -> None:
+        assert len(pids) == 2 and len(folders) == 2  # one folder each, named by its process
+        for folder in map(Path, folders):
+            assert folder.parent == processes and not problem(os.lstat(folder))
+            assert folder.name.startswith(f"{LOADER_DIR}-")
+            assert int(folder.name.split("-")[1]) in pids
+            assert list(folder.glob("pymp-*/listener-*"))  # its socket is there, not in /tmp
+
+    try:
+        it = iter(DataLoader(_WhereItsTempFilesGo(), batch_size=2, num_workers=2,
+                             worker_init_fn=temporary_files_of_its_own))
+        seen = [next(it) for _ in range(4)]
+        check(sorted({folder for _, folders, _ in seen for folder in folders}),
+              sorted({pid for _, _, pids in seen for pid in pids.tolist()}))
+        del it  # its processes end and take their folders with them
+        assert not list(processes.iterdir())
+
+        killed = subprocess.Popen([sys.executable, "-c", LOADER_THEN_WAIT], text=True,
+                                  stdout=subprocess.PIPE, start_new_session=True,
+                                  cwd=Path(__file__).parent.parent)
+        try:
+            folders, pids = json.loads(killed.stdout.readline())
+            check(folders, pids)
+        finally:
+            os.killpg(killed.pid, signal.SIGKILL)  # the rank and its loader processes
+            killed.wait()
+        assert sorted(map(str, processes.iterdir())) == sorted(folders)  # left by the kill
+        deadline = time.monotonic() + 60  # until init has reaped the orphaned loaders
+        while any(map(alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        remove_dead_dirs()
+        assert not list(processes.iterdir())
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -236,8 +236,27 @@ class Beside:
             self.returncode = self.proc.wait(timeout=60)
 
 
+def socket_folders_left(since: float) -> list[str]:
+    """This user's multiprocessing folders (pymp-* in the temporary folder) changed since
+    ``since`` whose socket no process listens on any more: left behind."""
+    import tempfile
+
+    listening = {line.split()[-1] for line in Path("/proc/net/unix").read_text().splitlines()[1:]}
+    left = []
+    for folder in Path(tempfile.gettempdir()).glob("pymp-*"):
+        try:
+            info = folder.lstat()
+            sockets = {str(path) for path in folder.iterdir()}
+        except OSError:  # another's, or gone meanwhile
+            continue
+        if info.st_uid == os.getuid() and info.st_mtime >= since and not sockets & listening:
+            left.append(str(folder))
+    return left
+
+
 def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
     run_dir, out_path, dash = tmp_path / "run", tmp_path / "out.txt", free_port()
+    began = time.time() - 1
     gate = tmp_path / "gate"  # the run holds at step 3000 until the metrics showed the restart
     gate.touch()
     with open(out_path, "w") as out:  # a file, not a pipe: stdout is not a terminal
@@ -342,6 +361,8 @@ def test_a_local_run_shows_metrics_curves_progress_and_no_ray_noise(tmp_path):
     assert "did not start" not in output + beside.output, beside.output[-3000:]
     assert beside.returncode == 0 and read_record(beside.run_dir)["status"] == "succeeded"
     assert str(run_dir / "run.json") in output
+    # Issue 60, 4: neither embedded Ray left the folder of its dashboard's forkserver socket.
+    assert socket_folders_left(began) == []
 
     # Metrics: every series, tagged by run and trainer, with sane values.
     assert seen.get("ray_orchestrator_restarts") == 1, f"the restart never showed: {seen}\n{output}"

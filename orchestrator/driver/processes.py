@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -133,3 +134,28 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except ProcessLookupError:
         pass
+
+
+def socket_folders(procs: list[Process]) -> set[Path]:
+    """The multiprocessing folders (``pymp-*`` in the temporary folder) of the sockets procs
+    hold: the dashboard's forkserver listens in one, which the dashboard would remove only at
+    an exit of its own, never when it is stopped. Empty where /proc is not there."""
+    inodes = set()
+    for pid, _ in procs:
+        try:
+            links = [os.readlink(fd.path) for fd in os.scandir(f"/proc/{pid}/fd")]
+        except OSError:  # gone, or not ours to read
+            continue
+        inodes.update(link[len("socket:["):-1] for link in links if link.startswith("socket:["))
+    try:
+        table = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    temp = Path(tempfile.gettempdir())
+    folders = set()
+    for fields in (line.split() for line in table):  # ... Inode Path
+        if len(fields) >= 8 and fields[6] in inodes:
+            folder = Path(fields[7]).parent
+            if folder.parent == temp and folder.name.startswith("pymp-"):
+                folders.add(folder)
+    return folders

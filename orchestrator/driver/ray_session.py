@@ -22,10 +22,12 @@ from orchestrator.driver.processes import (
     descendants,
     kill_descendants,
     release_orphans,
+    socket_folders,
     stop_leftovers,
 )
 from orchestrator.errors import ConfigError, MachineError
 from orchestrator.observe.logs import quiet_ray_loggers, ray_init_kwargs
+from orchestrator.private_dir import remove_dead_dirs
 from orchestrator.ray_internals.cluster import (
     CURRENT_CLUSTER_FILE,
     no_ray_shutdown_at_exit,
@@ -314,6 +316,7 @@ class RaySession:
         # The shutdown runs to its end whatever the user presses (orchestrator/driver/interrupts.py).
         with DeferredInterrupt() as guard:
             ours = [] if self.joined else descendants(os.getpid())
+            sockets = socket_folders(ours)
             if not self.joined:
                 stopping()
                 self.release_dashboard_port()
@@ -327,6 +330,9 @@ class RaySession:
             stop_leftovers(ours, LEFTOVER_GRACE_S)
             if not self.joined:
                 release_orphans(ours)
+            for folder in sockets:  # of processes stopped, not ended: left to us
+                shutil.rmtree(folder, ignore_errors=True)
+            remove_dead_dirs()  # those of this node's processes that were killed
         self._closed.set()  # the background start's thread may end now
         self.interrupted = guard.seen
 

@@ -13,6 +13,8 @@ import copy
 import dataclasses
 import math
 import random
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -180,7 +182,35 @@ def loader(dataset: Dataset, batch_sampler, collate: Callable, num_workers: int,
            device: torch.device, seed: int) -> DataLoader:
     return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate,
                       num_workers=num_workers, pin_memory=device.type == "cuda",
-                      generator=torch.Generator().manual_seed(seed))
+                      generator=torch.Generator().manual_seed(seed),
+                      worker_init_fn=temporary_files_of_its_own)
+
+
+LOADER_DIR = "loader"
+SOCKET_PATH_ROOM = 70  # AF_UNIX paths end at 107 bytes; multiprocessing adds ~32 below ours
+
+
+def temporary_files_of_its_own(worker_id: int) -> None:
+    """In each DataLoader process: its temporary files (multiprocessing's pymp-* folder with the
+    socket it shares tensors through) go in a private folder of its own (private_dir.py), which
+    it removes as it ends. A process killed with its rank (a preemption, a stopped run) would
+    leave them in the shared temporary folder; this folder is removed once the process is gone,
+    by the next DataLoader process or command on the node (remove_dead_dirs)."""
+    from multiprocessing.util import Finalize
+
+    from orchestrator.private_dir import process_dir
+
+    try:
+        folder = process_dir(LOADER_DIR)
+    except OSError:  # not private: the run's other checks say so; the default place serves
+        return
+    if len(str(folder)) > SOCKET_PATH_ROOM:  # a long ORCHESTRATOR_PRIVATE_DIR
+        folder.rmdir()
+        return
+    tempfile.tempdir = str(folder)
+    # After multiprocessing's own removal of its pymp-* folder (exitpriority -100).
+    Finalize(None, shutil.rmtree, args=(str(folder),), kwargs={"ignore_errors": True},
+             exitpriority=-200)
 
 
 def step_batches(dataset: Dataset, plan: StepPlan, start: int, total: int, collate: Callable,
