@@ -103,7 +103,7 @@ class LoopbackCluster:
         if kind in ("worker_kill", "hang"):
             os.kill(worker["pid"], signal.SIGKILL if kind == "worker_kill" else signal.SIGSTOP)
             return f"pid {worker['pid']}"
-        node = node_of(worker["pid"], self.nodes)
+        node = node_of(worker, self.nodes)
         if node is None:
             os.kill(worker["pid"], signal.SIGKILL)
             return f"pid {worker['pid']} (node not found: killed the worker)"

@@ -163,14 +163,20 @@ def add_node(head: RayHead, tmp: Path, num_cpus: int = 2, attempts: int = 3,
     raise AssertionError("unreachable")
 
 
-def node_of(pid: int, nodes: list[subprocess.Popen]) -> subprocess.Popen | None:
-    """The `ray start` node a worker process runs on: each node runs in a session of its own
-    (its pid is the session id), and the workers its raylet starts stay in that session."""
-    try:
-        session = os.getsid(pid)
-    except ProcessLookupError:
-        return None
-    return next((n for n in nodes if n.pid == session), None)
+def node_of(worker: dict, nodes: list[subprocess.Popen]) -> subprocess.Popen | None:
+    """The `ray start` node a worker of a run record (its "node": Ray's node id) runs on: the
+    node whose session (each node runs in one of its own, its pid the session id) holds the
+    raylet started with that id. (Not the worker's own session: a worker the fork server
+    forked has a session of its own.)"""
+    mark = f"--node_id={worker['node']}".encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark in (entry / "cmdline").read_bytes().split(b"\0"):
+                session = os.getsid(int(entry.name))
+                return next((n for n in nodes if n.pid == session), None)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return None
 
 
 def stop_head(proc: subprocess.Popen) -> None:

@@ -60,7 +60,7 @@ def nodes_up(head, tmp, nodes: list, count: int = 2) -> None:
 
 def kill_node_of(rec: dict, nodes: list):
     """SIGKILL the `ray start` node a worker runs on: the node and its workers vanish at once."""
-    victim = node_of(rec["workers"][0]["pid"], nodes)
+    victim = node_of(rec["workers"][0], nodes)
     nodes.remove(victim)
     os.killpg(victim.pid, signal.SIGKILL)
     return victim
@@ -181,7 +181,7 @@ def test_boosting_goes_on_with_its_data_resharded_over_the_workers_left(two_node
     try:
         records = {t: wait_for(lambda r: r.get("checkpoints") and len(r.get("workers", [])) == 4,
                                tmp_path / f"elastic-{t}") for t in trainers}
-        hosts = {t: {node_of(w["pid"], nodes) for w in rec["workers"]} for t, rec in records.items()}
+        hosts = {t: {node_of(w, nodes) for w in rec["workers"]} for t, rec in records.items()}
         assert all(len(h) == 2 for h in hosts.values()), hosts  # spread over both nodes
         # The references start once the elastic jobs run, as in the test above.
         fixed = {t: reference(ray_head, tmp_path / f"fixed-{t}", *job(t), "cluster.cpus_per_worker=0.25")

@@ -121,8 +121,8 @@ def test_sigterm_to_a_node_saves_before_the_deadline_and_loses_no_step(preemptib
     try:
         for trainer in pair:
             rec = running(tmp_path / trainer)
-            node = node_of(rec["workers"][0]["pid"], nodes)
-            assert node is not None and node is node_of(rec["workers"][1]["pid"], nodes)
+            node = node_of(rec["workers"][0], nodes)
+            assert node is not None and node is node_of(rec["workers"][1], nodes)
             preempted.add(node)
         assert len(preempted) == 2, "the two jobs share a node"
         for node in preempted:
@@ -188,8 +188,8 @@ def test_ray_drain_node_with_reason_preemption_saves_a_users_own_loop_and_script
     rec = running(tmp_path / "run")
     script_rec = wait_for(lambda r: len(r.get("checkpoints", [])) >= 2
                           and len(r.get("workers", [])) == 2, tmp_path / "script")
-    drained = {node_of(rec["workers"][0]["pid"], nodes),
-               node_of(script_rec["workers"][0]["pid"], nodes)}
+    drained = {node_of(rec["workers"][0], nodes),
+               node_of(script_rec["workers"][0], nodes)}
     assert len(drained) == 2 and None not in drained, "the two jobs share a node"
     node_ids = [rec["workers"][0]["node"], script_rec["workers"][0]["node"]]
     for node_id in node_ids:
